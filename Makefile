@@ -1,0 +1,55 @@
+# The README's commands. Each creates what it needs (.venv, the edge venvs) if missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+EDGE_VENV := .venv-edge
+EDGE_PY := $(EDGE_VENV)/bin/python
+TFLITE_VENV := .venv-edge-tflite
+RUN ?= runs/digits
+DATASET ?= digits
+
+.PHONY: install edge-venvs lint format test test-fast demo bench clean
+
+install: $(VENV)/.installed
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,edge]"
+	touch $@
+
+# TensorFlow-free environments for the edge demo: LiteRT (numpy 2) and
+# tflite-runtime 2.14 (needs numpy<2, Python <= 3.11).
+edge-venvs: $(EDGE_VENV)/.installed $(TFLITE_VENV)/.installed
+$(EDGE_VENV)/.installed: edge_demo/requirements.txt
+	test -x $(EDGE_PY) || $(PYTHON) -m venv $(EDGE_VENV)
+	$(EDGE_PY) -m pip install -q -r edge_demo/requirements.txt
+	touch $@
+$(TFLITE_VENV)/.installed: edge_demo/requirements-tflite-runtime.txt
+	test -x $(TFLITE_VENV)/bin/python || $(PYTHON) -m venv $(TFLITE_VENV)
+	$(TFLITE_VENV)/bin/python -m pip install -q -r edge_demo/requirements-tflite-runtime.txt
+	touch $@
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: install edge-venvs lint
+	$(PY) -m pytest
+
+test-fast: install
+	$(PY) -m pytest -m "not slow"
+
+demo: install edge-venvs
+	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite
+	$(PY) -m export $(RUN) --out $(RUN)/bundle --overwrite
+	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
+
+bench: install edge-venvs
+	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json
+
+clean:
+	rm -rf runs .cache .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,220 @@
+"""The other pieces of a transformer encoder, written to quantize cleanly.
+
+- `LayerNorm`: layer normalization as `(x - mean) * rsqrt(var + eps)`.
+  Keras's `LayerNormalization` computes `-mean * inv` internally; the TFLite
+  converter keeps that NEG in float, which leaves float islands in a "full
+  int8" model and makes int16x8 conversion fail. This one converts to a fully
+  integer graph in both modes (see FIELD_NOTES.md).
+- `PositionalEncoding`: sinusoidal (the original Transformer's) or learned.
+- `TransformerEncoderBlock`: post-norm encoder block (attention, residual,
+  norm, feed-forward, residual, norm), with our `MultiHeadAttention`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mha.attention import MultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class LayerNorm(keras.layers.Layer):
+    """Layer normalization over the last axis, integer-quantization friendly.
+
+    y = (x - mean(x)) / sqrt(var(x) + epsilon) * gamma + beta
+
+    Numerically equal to `keras.layers.LayerNormalization(axis=-1)`.
+    The variance is `mean(xc * xc)`, not `ops.square`, which lowers to
+    SQUARED_DIFFERENCE, an op with no int16 kernel in TFLite.
+    """
+
+    def __init__(self, epsilon: float = 1e-6, **kwargs):
+        if not isinstance(epsilon, (int, float)) or epsilon <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `epsilon`, expected a "
+                f"positive float. Received: epsilon={epsilon!r}"
+            )
+        super().__init__(**kwargs)
+        self.epsilon = float(epsilon)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        dim = input_shape[-1]
+        self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
+        self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+
+    def call(self, x):
+        mean = ops.mean(x, axis=-1, keepdims=True)
+        xc = x - mean  # centred
+        var = ops.mean(xc * xc, axis=-1, keepdims=True)
+        return xc * ops.rsqrt(var + self.epsilon) * self.gamma + self.beta
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}
+
+
+def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...)."""
+    pos = np.arange(length)[:, None].astype("float64")
+    i = np.arange(d_model)[None, :]
+    angle = pos / np.power(10000.0, (2 * (i // 2)) / d_model)
+    table = np.where(i % 2 == 0, np.sin(angle), np.cos(angle))
+    return table.astype("float32")
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class PositionalEncoding(keras.layers.Layer):
+    """Adds position information to a `(B, T, d_model)` sequence.
+
+    Args:
+        max_length: Longest sequence the layer accepts.
+        kind: `"sinusoidal"` (fixed, Vaswani et al. 2017) or `"learned"`.
+    """
+
+    KINDS = ("sinusoidal", "learned")
+
+    def __init__(self, max_length: int, kind: str = "sinusoidal", **kwargs):
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `max_length`, expected "
+                f"a positive integer. Received: max_length={max_length!r}"
+            )
+        if kind not in self.KINDS:
+            raise ValueError(
+                "Received an invalid value for argument `kind`, expected one of "
+                f"{self.KINDS}. Received: kind={kind!r}"
+            )
+        super().__init__(**kwargs)
+        self.max_length = max_length
+        self.kind = kind
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        if self.kind == "learned":
+            self.position_embeddings = self.add_weight(
+                name="position_embeddings",
+                shape=(self.max_length, d_model),
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+            )
+        else:
+            self._table = sinusoidal_table(self.max_length, d_model)
+
+    def call(self, x):
+        length = x.shape[1]
+        if length is not None and length > self.max_length:
+            raise ValueError(
+                f"Sequence length {length} exceeds `max_length`={self.max_length}."
+            )
+        table = self.position_embeddings if self.kind == "learned" else self._table
+        table = ops.cast(table, x.dtype)
+        if length is None:
+            length = ops.shape(x)[1]
+        return x + ops.expand_dims(table[:length], 0)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length, "kind": self.kind}
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class TransformerEncoderBlock(keras.layers.Layer):
+    """x = LN(x + Dropout(MHA(x))); x = LN(x + Dropout(FFN(x))).
+
+    Args:
+        num_heads: Heads of the attention.
+        ff_dim: Hidden size of the feed-forward network.
+        dropout: Dropout after attention and feed-forward (and on the
+            attention weights).
+        key_dim: Per-head size; defaults to d_model / num_heads.
+        implementation: Passed to `MultiHeadAttention`.
+        seed: Seed for the dropout layers.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        ff_dim: int,
+        dropout: float = 0.0,
+        key_dim: int | None = None,
+        implementation: str = "fused",
+        epsilon: float = 1e-6,
+        seed: int | None = None,
+        **kwargs,
+    ):
+        if isinstance(ff_dim, bool) or not isinstance(ff_dim, int) or ff_dim <= 0:
+            raise ValueError(
+                "Received an invalid value for argument `ff_dim`, expected a "
+                f"positive integer. Received: ff_dim={ff_dim!r}"
+            )
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.ff_dim = ff_dim
+        self.dropout = dropout
+        self.key_dim = key_dim
+        self.implementation = implementation
+        self.epsilon = epsilon
+        self.seed = seed
+        self.supports_masking = True
+        self.attention = MultiHeadAttention(
+            num_heads,
+            key_dim=key_dim,
+            dropout=dropout,
+            implementation=implementation,
+            seed=seed,
+            name="attention",
+        )
+        self.attention_norm = LayerNorm(epsilon, name="attention_norm")
+        self.ffn_norm = LayerNorm(epsilon, name="ffn_norm")
+        self.attention_dropout = keras.layers.Dropout(dropout, seed=seed)
+        self.ffn_dropout = keras.layers.Dropout(dropout, seed=None if seed is None else seed + 1)
+        self._ffn_in = None
+        self._ffn_out = None
+
+    def build(self, input_shape):
+        d_model = input_shape[-1]
+        self.attention.build(input_shape)
+        self.attention_norm.build(input_shape)
+        self.ffn_norm.build(input_shape)
+        self._ffn_in = keras.layers.Dense(self.ff_dim, activation="relu", name="ffn_in")
+        self._ffn_out = keras.layers.Dense(d_model, name="ffn_out")
+        self._ffn_in.build(input_shape)
+        self._ffn_out.build(tuple(input_shape[:-1]) + (self.ff_dim,))
+
+    def call(self, x, mask=None, training=None, head_mask=None, return_attention_scores=False):
+        attended, scores = self.attention(
+            x,
+            query_mask=mask,
+            value_mask=mask,
+            training=training,
+            head_mask=head_mask,
+            return_attention_scores=True,
+        )
+        x = self.attention_norm(x + self.attention_dropout(attended, training=training))
+        ffn = self._ffn_out(self._ffn_in(x))
+        x = self.ffn_norm(x + self.ffn_dropout(ffn, training=training))
+        if return_attention_scores:
+            return x, scores
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_heads": self.num_heads,
+            "ff_dim": self.ff_dim,
+            "dropout": self.dropout,
+            "key_dim": self.key_dim,
+            "implementation": self.implementation,
+            "epsilon": self.epsilon,
+            "seed": self.seed,
+        }

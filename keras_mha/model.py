@@ -1,0 +1,163 @@
+"""A small transformer classifier built from keras_mha layers.
+
+    inputs -> embedding -> + positional encoding
+           -> transformer_layer_0 .. transformer_layer_{N-1}
+           -> masked mean pooling -> dropout -> softmax over classes
+
+Two input kinds: `"features"` (a sequence of feature vectors, e.g. the rows
+of a digit image, projected by a Dense layer) and `"tokens"` (integer token
+ids with 0 as padding, embedded with `mask_zero=True` so padded positions are
+never attended to).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from keras_mha.attention import MultiHeadAttention
+from keras_mha.layers import PositionalEncoding, TransformerEncoderBlock
+
+INPUT_KINDS = ("features", "tokens")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Flat hyperparameters of the classifier (plain data, JSON-friendly).
+
+    `num_heads` may be a list with one count per layer (a pruned model);
+    `key_dim` then pins d_k, which no longer equals d_model / h.
+    """
+
+    input_kind: str = "features"
+    sequence_length: int = 8
+    feature_dim: int = 8  # features per token ("features") or vocabulary size ("tokens")
+    num_classes: int = 10
+    d_model: int = 32
+    num_heads: int | list[int] = 4
+    num_layers: int = 1
+    ff_dim: int = 64
+    dropout: float = 0.1
+    key_dim: int | None = None
+    positional: str = "sinusoidal"
+    implementation: str = "fused"
+    seed: int = 0
+
+    def heads_per_layer(self) -> list[int]:
+        if isinstance(self.num_heads, (list, tuple)):
+            return [int(h) for h in self.num_heads]
+        return [int(self.num_heads)] * self.num_layers
+
+    def validate(self) -> None:
+        if self.input_kind not in INPUT_KINDS:
+            raise ValueError(
+                f"`input_kind` must be one of {INPUT_KINDS}. Received: {self.input_kind!r}"
+            )
+        for name in ("sequence_length", "feature_dim", "num_classes", "d_model", "num_layers", "ff_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+        heads = self.heads_per_layer()
+        if len(heads) != self.num_layers:
+            raise ValueError(
+                f"`num_heads` lists {len(heads)} layers but num_layers={self.num_layers}."
+            )
+        for h in heads:
+            if h <= 0:
+                raise ValueError(f"`num_heads` must be positive. Received: num_heads={self.num_heads!r}")
+            if self.key_dim is None and self.d_model % h:
+                raise ValueError(
+                    f"d_model must be divisible by num_heads (d_k = d_model / h). "
+                    f"Received: d_model={self.d_model}, num_heads={h}"
+                )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={self.dropout!r}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def build_classifier(config: ModelConfig, batch_size: int | None = None) -> keras.Model:
+    """The classifier as a Functional model named `keras_mha_classifier`."""
+    config.validate()
+    keras.utils.set_random_seed(config.seed)
+    if config.input_kind == "features":
+        inputs = keras.Input(
+            (config.sequence_length, config.feature_dim), batch_size=batch_size, name="inputs"
+        )
+        x = keras.layers.Dense(config.d_model, name="embedding")(inputs)
+    else:
+        inputs = keras.Input(
+            (config.sequence_length,), batch_size=batch_size, dtype="int32", name="inputs"
+        )
+        x = keras.layers.Embedding(
+            config.feature_dim, config.d_model, mask_zero=True, name="embedding"
+        )(inputs)
+    x = PositionalEncoding(config.sequence_length, config.positional, name="positional_encoding")(x)
+    for i, heads in enumerate(config.heads_per_layer()):
+        x = TransformerEncoderBlock(
+            num_heads=heads,
+            ff_dim=config.ff_dim,
+            dropout=config.dropout,
+            key_dim=config.key_dim,
+            implementation=config.implementation,
+            seed=config.seed + 10 * i,
+            name=f"transformer_layer_{i}",
+        )(x)
+    x = keras.layers.GlobalAveragePooling1D(name="pooling")(x)
+    x = keras.layers.Dropout(config.dropout, seed=config.seed, name="head_dropout")(x)
+    outputs = keras.layers.Dense(config.num_classes, activation="softmax", name="classifier")(x)
+    return keras.Model(inputs, outputs, name="keras_mha_classifier")
+
+
+def encoder_blocks(model: keras.Model) -> list[TransformerEncoderBlock]:
+    """The model's encoder blocks in order (`transformer_layer_{i}`)."""
+    blocks = [layer for layer in model.layers if isinstance(layer, TransformerEncoderBlock)]
+    if not blocks:
+        raise ValueError(
+            f"Model {model.name!r} has no TransformerEncoderBlock with a keras_mha "
+            "MultiHeadAttention; expected a model built by keras_mha.build_classifier."
+        )
+    return blocks
+
+
+def attention_layers(model: keras.Model) -> list[MultiHeadAttention]:
+    return [block.attention for block in encoder_blocks(model)]
+
+
+def forward(model: keras.Model, x, head_masks=None, return_attention_scores=False, training=False):
+    """Run the classifier layer by layer.
+
+    `head_masks`: optional list with one `(h,)` multiplier per encoder block
+    (head analysis). With `return_attention_scores`, also returns the list of
+    `(B, h, T, S)` attention weights of every block.
+    """
+    blocks = encoder_blocks(model)
+    embedding = model.get_layer("embedding")
+    h = embedding(x)
+    mask = embedding.compute_mask(x) if isinstance(embedding, keras.layers.Embedding) else None
+    h = model.get_layer("positional_encoding")(h)
+    all_scores = []
+    for i, block in enumerate(blocks):
+        head_mask = None if head_masks is None else head_masks[i]
+        h, scores = block(
+            h, mask=mask, training=training, head_mask=head_mask, return_attention_scores=True
+        )
+        all_scores.append(scores)
+    h = model.get_layer("pooling")(h, mask=mask)
+    h = model.get_layer("head_dropout")(h, training=training)
+    probs = model.get_layer("classifier")(h)
+    if return_attention_scores:
+        return probs, all_scores
+    return probs
+
+
+def count_params(model: keras.Model) -> int:
+    return int(sum(np.prod(w.shape) for w in model.weights))
