@@ -20,6 +20,14 @@ import keras
 import numpy as np
 from keras import constraints, initializers, ops, regularizers
 
+try:  # The mask a tensor carries (Embedding(mask_zero=True), Masking, ...).
+    from keras.src.backend import get_keras_mask as _get_keras_mask
+except ImportError:  # pragma: no cover - older/newer layouts
+
+    def _get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+
 IMPLEMENTATIONS = ("fused", "per_head")
 
 
@@ -209,9 +217,7 @@ class MultiHeadAttention(keras.layers.Layer):
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
         key_shape = value_shape if key_shape is None else key_shape
-        d_model, d_k, d_v, d_out = self._resolve_dims(
-            query_shape, value_shape, key_shape
-        )
+        d_model, d_k, d_v, d_out = self._resolve_dims(query_shape, value_shape, key_shape)
         h = self.num_heads
         self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
         self._d_out = d_out
@@ -253,7 +259,9 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         self.value_bias = bias("value_bias", (h, d_v))
         self.output_kernel = kernel(  # W^O
-            "output_kernel", (h * d_v, d_out), (h, d_v, d_out),
+            "output_kernel",
+            (h * d_v, d_out),
+            (h, d_v, d_out),
             lambda w: ops.reshape(w, (h * d_v, d_out)),
         )
         self.output_bias = bias("output_bias", (d_out,))
@@ -286,6 +294,9 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         head_mask=None,
     ):
+        if query_mask is None:
+            # Keras fills `<arg>_mask` only when several tensors are passed.
+            query_mask = _get_keras_mask(query)
         if value is None:
             value, value_mask = query, query_mask
         if key is None:
@@ -306,9 +317,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is not None:
             mask = ops.expand_dims(mask, axis=1)  # (B, 1, T, S): every head
         attend = (
-            self._per_head_attention
-            if self.implementation == "per_head"
-            else self._fused_attention
+            self._per_head_attention if self.implementation == "per_head" else self._fused_attention
         )
         output, scores = attend(query, key, value, mask, training, head_mask)
         if return_attention_scores:
@@ -370,26 +379,41 @@ class MultiHeadAttention(keras.layers.Layer):
         return output, ops.stack(head_scores, axis=1)  # [B, T, d_out], [B, h, T, S]
 
     def _fused_attention(self, query, key, value, mask, training, head_mask):
-        """All heads in one batched contraction, from the same weights."""
-        q = ops.einsum("btd,hdk->bhtk", query, self.query_kernel)  # [B, h, T, d_k]
-        k = ops.einsum("bsd,hdk->bhsk", key, self.key_kernel)  # [B, h, S, d_k]
-        v = ops.einsum("bsd,hdv->bhsv", value, self.value_kernel)  # [B, h, S, d_v]
-        if self.use_bias:
-            q = q + self.query_bias[:, None, :]
-            k = k + self.key_bias[:, None, :]
-            v = v + self.value_bias[:, None, :]
+        """All heads in one batched contraction, from the same weights.
+
+        Head i's W_i^Q sits in columns i*d_k:(i+1)*d_k of one (d_model, h*d_k)
+        matrix, so a single matmul projects every head at once.
+        """
+        h, d_v = self.num_heads, self.d_v
+        q = self._project_all_heads(query, self.query_kernel, self.query_bias)  # [B, h, T, d_k]
+        k = self._project_all_heads(key, self.key_kernel, self.key_bias)  # [B, h, S, d_k]
+        v = self._project_all_heads(value, self.value_kernel, self.value_bias)  # [B, h, S, d_v]
         heads, weights = self._scaled_dot_product_attention(
             q, k, v, mask, training
         )  # [B, h, T, d_v], [B, h, T, S]
         if head_mask is not None:
             heads = heads * self._head_gate(head_mask, heads.dtype)[:, :, None, None]
-        # Concat(head_1..head_h) W^O without materialising the concatenation:
-        # W^O's rows are grouped per head, [h * d_v, d_out] -> [h, d_v, d_out].
-        w_o = ops.reshape(self.output_kernel, (self.num_heads, self.d_v, self._d_out))
-        output = ops.einsum("bhtv,hvo->bto", heads, w_o)  # [B, T, d_out]
+        # re-assemble all head outputs side by side: Concat(head_1..head_h)
+        heads = ops.transpose(heads, (0, 2, 1, 3))  # [B, T, h, d_v]
+        concat = ops.reshape(heads, (-1, self._length(query), h * d_v))  # [B, T, h * d_v]
+        output = ops.matmul(concat, self.output_kernel)  # Concat(...) W^O
         if self.use_bias:
             output = output + self.output_bias
         return output, weights
+
+    @staticmethod
+    def _length(x):
+        return x.shape[1] if x.shape[1] is not None else ops.shape(x)[1]
+
+    def _project_all_heads(self, x, kernel, bias):
+        """x [B, L, d_in] -> [B, h, L, d] with kernel [h, d_in, d], bias [h, d]."""
+        h, d_in, d = kernel.shape
+        side_by_side = ops.reshape(ops.transpose(kernel, (1, 0, 2)), (d_in, h * d))
+        y = ops.matmul(x, side_by_side)  # [B, L, h * d]
+        if bias is not None:
+            y = y + ops.reshape(bias, (h * d,))
+        y = ops.reshape(y, (-1, self._length(x), h, d))  # [B, L, h, d]
+        return ops.transpose(y, (0, 2, 1, 3))
 
     def _head_gate(self, head_mask, dtype):
         gate = ops.cast(ops.convert_to_tensor(head_mask), dtype)
@@ -473,8 +497,7 @@ class MultiHeadAttention(keras.layers.Layer):
             target = (query.shape[0], query.shape[1], value.shape[1])
             m = tuple(attention_mask.shape)
             ok = len(m) <= 3 and all(
-                a is None or b is None or a == 1 or a == b
-                for a, b in zip(m[::-1], target[::-1])
+                a is None or b is None or a == 1 or a == b for a, b in zip(m[::-1], target[::-1])
             )
             if not ok:
                 raise ValueError(
@@ -556,7 +579,11 @@ class MultiHeadAttention(keras.layers.Layer):
         `output_kernel`, the (d_v, d_out) block of W^O that reads head `i`.
         """
         self._require_built("head_weights")
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_heads:
+        if (
+            isinstance(i, bool)
+            or not isinstance(i, (int, np.integer))
+            or not 0 <= i < self.num_heads
+        ):
             raise ValueError(
                 f"Head index must be an integer in [0, {self.num_heads}). Received: i={i!r}"
             )
@@ -639,9 +666,7 @@ class MultiHeadAttention(keras.layers.Layer):
                 f"attention_axes={layer.attention_axes}"
             )
         if getattr(layer, "_use_gate", False) or getattr(layer, "_sliding_window", None):
-            raise ValueError(
-                "`from_keras` does not support `use_gate` or `sliding_window`."
-            )
+            raise ValueError("`from_keras` does not support `use_gate` or `sliding_window`.")
         out_kernel = ops.convert_to_numpy(layer.output_dense.kernel)  # (h, d_v, d_out)
         d_model = q_kernel.shape[0]
         d_out = out_kernel.shape[-1]
@@ -696,9 +721,15 @@ class MultiHeadAttention(keras.layers.Layer):
             (None, None, self._d_key_in),
         )
         from_heads = (1, 0, 2)
-        layer.query_dense.kernel.assign(np.transpose(ops.convert_to_numpy(self.query_kernel), from_heads))
-        layer.key_dense.kernel.assign(np.transpose(ops.convert_to_numpy(self.key_kernel), from_heads))
-        layer.value_dense.kernel.assign(np.transpose(ops.convert_to_numpy(self.value_kernel), from_heads))
+        layer.query_dense.kernel.assign(
+            np.transpose(ops.convert_to_numpy(self.query_kernel), from_heads)
+        )
+        layer.key_dense.kernel.assign(
+            np.transpose(ops.convert_to_numpy(self.key_kernel), from_heads)
+        )
+        layer.value_dense.kernel.assign(
+            np.transpose(ops.convert_to_numpy(self.value_kernel), from_heads)
+        )
         layer.output_dense.kernel.assign(
             ops.convert_to_numpy(self.output_kernel).reshape(self.num_heads, self.d_v, self._d_out)
         )
