@@ -1,0 +1,621 @@
+"""keras-mha-heads: which heads matter, pruning that removes them, per-head views.
+
+    keras-mha-heads importance RUN_DIR
+    keras-mha-heads curve RUN_DIR [--step 0.1]
+    keras-mha-heads prune RUN_DIR --fraction F --out NEW_RUN_DIR [--finetune-epochs N]
+    keras-mha-heads plot RUN_DIR --sample N
+
+Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
+Better than One?": each head h gets a gate xi_h on its output (1 = on), and
+
+    I_h = E_x | dL(x) / d xi_h |
+
+over a split that is not the test split (the run's validation split),
+normalised per layer by the L2 norm. Pruning removes a head's W_i^Q, W_i^K,
+W_i^V, biases and its rows of W^O (`MultiHeadAttention.pruned`); the pruned
+model equals the original with those gates at 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+
+HEADS_DIR = "heads"
+
+
+class UsageError(ValueError):
+    """Bad input from the user: printed as one line, exit code 2."""
+
+
+# ------------------------------------------------------------------ loading
+def load_run(run_dir: str | os.PathLike):
+    """(model, metrics, eval arrays) of a run directory, with clear errors."""
+    run = pathlib.Path(run_dir)
+    if not run.is_dir():
+        raise UsageError(
+            f"{run}: not a run directory (expected model.keras, metrics.json, eval.npz)"
+        )
+    for name in ("model.keras", "metrics.json", "eval.npz"):
+        if not (run / name).is_file():
+            raise UsageError(
+                f"{run / name}: missing; expected a run directory from keras-mha-train"
+            )
+    try:
+        metrics = json.loads((run / "metrics.json").read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{run / 'metrics.json'}: not valid JSON ({e})") from None
+    model = load_model(run / "model.keras")
+    from keras_mha.model import encoder_blocks
+
+    try:
+        encoder_blocks(model)
+    except ValueError as e:
+        raise UsageError(f"{run / 'model.keras'}: {e}") from None
+    with np.load(run / "eval.npz", allow_pickle=False) as data:
+        eval_arrays = {key: data[key] for key in data.files}
+    return model, metrics, eval_arrays
+
+
+def load_model(path: pathlib.Path):
+    import keras
+
+    import keras_mha  # noqa: F401  (registers our layers before loading)
+
+    try:
+        return keras.saving.load_model(path)
+    except Exception as e:  # Keras raises many kinds for a bad file
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"{path}: cannot load the model ({message})") from None
+
+
+def importance_split(metrics: dict):
+    """The labelled non-test split used to score heads: the run's validation split."""
+    from keras_mha.data import load_dataset
+
+    dataset = load_dataset(metrics["dataset"], int(metrics.get("seed", 0)))
+    return dataset
+
+
+def heads_per_layer(model) -> list[int]:
+    from keras_mha.model import attention_layers
+
+    return [layer.num_heads for layer in attention_layers(model)]
+
+
+# --------------------------------------------------------------- the maths
+def _gates(model, value: float = 1.0) -> list[np.ndarray]:
+    return [np.full((h,), value, "float32") for h in heads_per_layer(model)]
+
+
+def predict(model, x: np.ndarray, gates: list[np.ndarray] | None = None, batch_size: int = 256):
+    """Softmax outputs with optional per-layer head gates `(h,)`."""
+    from keras_mha.model import forward
+
+    out = []
+    for start in range(0, len(x), batch_size):
+        probs = forward(model, x[start : start + batch_size], head_masks=gates)
+        out.append(np.asarray(probs))
+    return np.concatenate(out)
+
+
+def accuracy(model, x, y, gates=None) -> float:
+    return float((predict(model, x, gates).argmax(-1) == y).mean())
+
+
+def head_importance(
+    model,
+    x: np.ndarray,
+    y: np.ndarray,
+    gates: list[np.ndarray] | None = None,
+    batch_size: int = 128,
+) -> list[np.ndarray]:
+    """I_h = mean over examples of |dL/d xi_h|, L2-normalised per layer.
+
+    Gates are per example, `(B, h)`, so one backward pass gives every
+    example's own gradient. Heads whose gate is 0 (already pruned) score 0.
+    """
+    import tensorflow as tf
+
+    from keras_mha.model import forward
+
+    gates = gates if gates is not None else _gates(model)
+    totals = [np.zeros_like(g, dtype="float64") for g in gates]
+    for start in range(0, len(x), batch_size):
+        xb = x[start : start + batch_size]
+        yb = y[start : start + batch_size]
+        xi = [tf.Variable(np.tile(g[None, :], (len(xb), 1))) for g in gates]
+        with tf.GradientTape() as tape:
+            probs = forward(model, xb, head_masks=xi)
+            picked = tf.gather(probs, yb, axis=1, batch_dims=1)
+            loss = -tf.reduce_sum(tf.math.log(tf.maximum(picked, 1e-12)))
+        for total, grad in zip(totals, tape.gradient(loss, xi)):
+            total += np.abs(grad.numpy()).sum(axis=0)
+    scores = []
+    for total, gate in zip(totals, gates):
+        score = (total / len(x)) * (gate > 0)
+        norm = np.linalg.norm(score)
+        scores.append((score / norm if norm > 0 else score).astype("float32"))
+    return scores
+
+
+def prune_model(model, remove: dict[int, list[int]]):
+    """A new model without the heads in `remove` ({layer index: [head, ...]})."""
+    from keras_mha.model import ModelConfig, build_classifier, encoder_blocks
+
+    blocks = encoder_blocks(model)
+    keep = []
+    for i, block in enumerate(blocks):
+        gone = set(remove.get(i, []))
+        heads = [h for h in range(block.attention.num_heads) if h not in gone]
+        if not heads:
+            raise UsageError(f"pruning would leave layer {i} with no head")
+        keep.append(heads)
+    old_config = _model_config(model)
+    d_k = blocks[0].attention.d_k
+    if any(b.attention.d_k != d_k for b in blocks):
+        raise UsageError("pruning needs the same d_k in every layer")
+    config = ModelConfig.from_dict(
+        {**old_config.to_dict(), "num_heads": [len(k) for k in keep], "key_dim": d_k}
+    )
+    new = build_classifier(config)
+    new_blocks = {b.name: b for b in encoder_blocks(new)}
+    for layer in model.layers:
+        if not layer.weights:
+            continue
+        target = new.get_layer(layer.name)
+        if layer.name in new_blocks:
+            i = blocks.index(layer)
+            target.attention.set_weights(layer.attention.pruned(keep[i]).get_weights())
+            for name in ("attention_norm", "ffn_norm", "_ffn_in", "_ffn_out"):
+                getattr(target, name).set_weights(getattr(layer, name).get_weights())
+        else:
+            target.set_weights(layer.get_weights())
+    return new
+
+
+def _model_config(model):
+    """ModelConfig of a model built by build_classifier, read off its layers."""
+    import keras
+
+    from keras_mha.model import ModelConfig, encoder_blocks
+
+    blocks = encoder_blocks(model)
+    embedding = model.get_layer("embedding")
+    tokens = isinstance(embedding, keras.layers.Embedding)
+    first = blocks[0]
+    return ModelConfig(
+        input_kind="tokens" if tokens else "features",
+        sequence_length=int(model.inputs[0].shape[1]),
+        feature_dim=int(embedding.input_dim if tokens else model.inputs[0].shape[2]),
+        num_classes=int(model.outputs[0].shape[-1]),
+        d_model=int(first.attention.d_model),
+        num_heads=[b.attention.num_heads for b in blocks],
+        num_layers=len(blocks),
+        ff_dim=int(first.ff_dim),
+        dropout=float(first.dropout),
+        key_dim=first.key_dim,
+        positional=model.get_layer("positional_encoding").kind,
+        implementation=first.implementation,
+        seed=int(first.seed or 0),
+    )
+
+
+def rank_heads(
+    scores: list[np.ndarray], gates: list[np.ndarray] | None = None
+) -> list[tuple[int, int]]:
+    """(layer, head) pairs still on, least important first."""
+    items = []
+    for layer, score in enumerate(scores):
+        for head, value in enumerate(score):
+            if gates is None or gates[layer][head] > 0:
+                items.append((float(value), layer, head))
+    return [(layer, head) for _, layer, head in sorted(items)]
+
+
+def pruning_curve(model, x_val, y_val, x_test, y_test, step: float = 0.1) -> list[dict]:
+    """The paper's greedy curve: repeatedly drop the next `step` of all heads.
+
+    Importance is recomputed on the validation split after every step, on
+    the model with the pruned heads gated off; accuracy is on the test split.
+    """
+    gates = _gates(model)
+    total = sum(len(g) for g in gates)
+    points = [{"fraction": 0.0, "pruned": [], "accuracy": accuracy(model, x_test, y_test, gates)}]
+    pruned: list[tuple[int, int]] = []
+    for k in range(1, int(1.0 / step + 1e-9) + 1):
+        target = _count(k * step, total)
+        if target <= len(pruned):
+            continue
+        scores = head_importance(model, x_val, y_val, gates)
+        progressed = False
+        while len(pruned) < target:
+            candidates = [c for c in rank_heads(scores, gates) if gates[c[0]].sum() > 1]
+            if not candidates:  # every layer is down to its last head
+                break
+            layer, head = candidates[0]
+            gates[layer][head] = 0.0
+            pruned.append((layer, head))
+            progressed = True
+        if not progressed:
+            break
+        points.append(
+            {
+                "fraction": len(pruned) / total,
+                "pruned": [list(p) for p in pruned],
+                "accuracy": accuracy(model, x_test, y_test, gates),
+            }
+        )
+    return points
+
+
+def _count(fraction: float, total: int) -> int:
+    """Heads in `fraction` of `total`, rounded half up."""
+    return int(fraction * total + 0.5 + 1e-9)
+
+
+def select_heads_to_prune(model, x_val, y_val, fraction: float) -> list[tuple[int, int]]:
+    """The greedy selection of `pruning_curve`, up to round(fraction * heads)."""
+    if not 0.0 <= fraction < 1.0:
+        raise UsageError(f"--fraction must be in [0, 1); got {fraction}")
+    gates = _gates(model)
+    total = sum(len(g) for g in gates)
+    target = _count(fraction, total)
+    pruned: list[tuple[int, int]] = []
+    while len(pruned) < target:
+        scores = head_importance(model, x_val, y_val, gates)
+        order = rank_heads(scores, gates)
+        layer, head = order[0]
+        if gates[layer].sum() <= 1:
+            raise UsageError(
+                f"--fraction {fraction} would leave layer {layer} with no head "
+                f"({total} heads in {len(gates)} layers: {[len(g) for g in gates]})"
+            )
+        gates[layer][head] = 0.0
+        pruned.append((layer, head))
+    return pruned
+
+
+# ------------------------------------------------------------------- output
+def _atomic_write_json(path: pathlib.Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+        json.dump(data, f, indent=2)
+    os.replace(f.name, path)
+
+
+def _save_png(fig, path: pathlib.Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def cue_accuracy(probs: np.ndarray, y: np.ndarray, cues) -> dict[str, float]:
+    cues = np.asarray(cues).astype(str)
+    correct = probs.argmax(-1) == y
+    return {str(c): float(correct[cues == c].mean()) for c in sorted(set(cues.tolist()))}
+
+
+# ----------------------------------------------------------------- commands
+def cmd_importance(args) -> int:
+    model, metrics, ev = load_run(args.run_dir)
+    data = importance_split(metrics)
+    scores = head_importance(model, data.x_val, data.y_val)
+    base_probs = predict(model, ev["x"])
+    base = float((base_probs.argmax(-1) == ev["y"]).mean())
+    rows = []
+    cues = ev.get("cue")
+    for layer, score in enumerate(scores):
+        for head, value in enumerate(score):
+            gates = _gates(model)
+            gates[layer][head] = 0.0
+            probs = predict(model, ev["x"], gates)
+            row = {
+                "layer": layer,
+                "head": head,
+                "importance": float(value),
+                "accuracy_without": float((probs.argmax(-1) == ev["y"]).mean()),
+            }
+            if cues is not None:
+                row["cue_accuracy_without"] = cue_accuracy(probs, ev["y"], cues)
+            rows.append(row)
+    result = {"run": str(args.run_dir), "split": "validation", "test_accuracy": base, "heads": rows}
+    if cues is not None:
+        result["cue_accuracy"] = cue_accuracy(base_probs, ev["y"], cues)
+    print(f"test accuracy with every head: {base:.4f}")
+    print(f"{'layer':>5} {'head':>4} {'importance':>10} {'acc without':>11}")
+    for r in rows:
+        print(
+            f"{r['layer']:5d} {r['head']:4d} {r['importance']:10.4f} {r['accuracy_without']:11.4f}"
+        )
+    out = pathlib.Path(args.run_dir) / HEADS_DIR
+    _atomic_write_json(out / "importance.json", result)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(rows)), 3))
+    ax.bar(range(len(rows)), [r["importance"] for r in rows], color="tab:blue")
+    ax.set_xticks(range(len(rows)), [f"L{r['layer']}H{r['head']}" for r in rows], rotation=90)
+    ax.set_ylabel("importance (L2-normalised per layer)")
+    ax.set_title("Head importance, E|dL/d xi_h| on the validation split")
+    _save_png(fig, out / "importance.png")
+    plt.close(fig)
+    print(f"wrote {out / 'importance.json'} and {out / 'importance.png'}")
+    return 0
+
+
+def cmd_curve(args) -> int:
+    if not 0.0 < args.step < 1.0:
+        raise UsageError(f"--step must be in (0, 1); got {args.step}")
+    model, metrics, ev = load_run(args.run_dir)
+    data = importance_split(metrics)
+    points = pruning_curve(model, data.x_val, data.y_val, ev["x"], ev["y"], args.step)
+    print(f"{'pruned':>7} {'accuracy':>8}")
+    for p in points:
+        print(f"{p['fraction']:7.0%} {p['accuracy']:8.4f}")
+    out = pathlib.Path(args.run_dir) / HEADS_DIR
+    _atomic_write_json(
+        out / "curve.json", {"run": str(args.run_dir), "step": args.step, "points": points}
+    )
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 3))
+    ax.plot([100 * p["fraction"] for p in points], [100 * p["accuracy"] for p in points], "o-")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Greedy importance-ordered pruning")
+    ax.grid(alpha=0.3)
+    _save_png(fig, out / "curve.png")
+    plt.close(fig)
+    print(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
+    return 0
+
+
+def cmd_prune(args) -> int:
+    if not 0.0 <= args.fraction < 1.0:
+        raise UsageError(f"--fraction must be in [0, 1); got {args.fraction}")
+    if args.finetune_epochs < 0:
+        raise UsageError(f"--finetune-epochs must be >= 0; got {args.finetune_epochs}")
+    src = pathlib.Path(args.run_dir)
+    out = pathlib.Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        raise UsageError(f"{out}: exists and is not empty; pass --overwrite to replace it")
+    if out.resolve() == src.resolve():
+        raise UsageError(f"{out}: the output must differ from the source run")
+    model, metrics, ev = load_run(src)
+    data = importance_split(metrics)
+    before = accuracy(model, ev["x"], ev["y"])
+    removed = select_heads_to_prune(model, data.x_val, data.y_val, args.fraction)
+    remove: dict[int, list[int]] = {}
+    for layer, head in removed:
+        remove.setdefault(layer, []).append(head)
+    pruned = prune_model(model, remove)
+    after = accuracy(pruned, ev["x"], ev["y"])
+    finetuned = None
+    if args.finetune_epochs:
+        import keras
+
+        pruned.compile(
+            optimizer=keras.optimizers.Adam(args.finetune_lr),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+        keras.utils.set_random_seed(int(metrics.get("seed", 0)))
+        pruned.fit(
+            data.x_train,
+            data.y_train,
+            validation_data=(data.x_val, data.y_val),
+            epochs=args.finetune_epochs,
+            batch_size=32,
+            verbose=0,
+            callbacks=[
+                keras.callbacks.EarlyStopping(
+                    monitor="val_loss", patience=3, restore_best_weights=True
+                )
+            ],
+        )
+        finetuned = accuracy(pruned, ev["x"], ev["y"])
+    probs = predict(pruned, ev["x"]).astype("float32")
+    total = sum(heads_per_layer(model))
+    from keras_mha.model import count_params
+
+    new_metrics = {
+        **metrics,
+        "test_accuracy": float((probs.argmax(-1) == ev["y"]).mean()),
+        "num_params": count_params(pruned),
+        "config": _model_config(pruned).to_dict(),
+        "pruning": {
+            "source_run": str(src),
+            "fraction_requested": args.fraction,
+            "heads_before": heads_per_layer(model),
+            "heads_after": heads_per_layer(pruned),
+            "removed": [list(p) for p in removed],
+            "fraction_removed": len(removed) / total,
+            "params_before": count_params(model),
+            "params_after": count_params(pruned),
+            "test_accuracy_before": before,
+            "test_accuracy_pruned": after,
+            "test_accuracy_finetuned": finetuned,
+            "finetune_epochs": args.finetune_epochs,
+        },
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        pruned.save(tmp / "model.keras")
+        np.savez(tmp / "eval.npz", **{**ev, "probs": probs})
+        for name in ("calibration.npz", "labels.json", "vocab.json"):
+            if (src / name).exists():
+                shutil.copy2(src / name, tmp / name)
+        (tmp / "metrics.json").write_text(json.dumps(new_metrics, indent=2))
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    p = new_metrics["pruning"]
+    print(
+        f"removed {len(removed)}/{total} heads {p['removed']}: heads per layer "
+        f"{p['heads_before']} -> {p['heads_after']}, params {p['params_before']} -> {p['params_after']}"
+    )
+    line = f"test accuracy {before:.4f} -> {after:.4f} pruned"
+    if finetuned is not None:
+        line += f" -> {finetuned:.4f} after {args.finetune_epochs} fine-tune epochs"
+    print(line)
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    model, metrics, ev = load_run(args.run_dir)
+    n = len(ev["x"])
+    if not 0 <= args.sample < n:
+        raise UsageError(f"--sample must be in [0, {n}); got {args.sample}")
+    from keras_mha.model import forward
+
+    x = ev["x"][args.sample : args.sample + 1]
+    probs, scores = forward(model, x, return_attention_scores=True)
+    scores = [np.asarray(s)[0] for s in scores]  # per layer (h, T, S)
+    run = pathlib.Path(args.run_dir)
+    vocab = None
+    if (run / "vocab.json").exists():
+        vocab = json.loads((run / "vocab.json").read_text())
+    if vocab is not None:
+        tokens = [vocab["tokens"][i] for i in x[0]]
+        length = max(1, int((x[0] != vocab.get("pad_id", 0)).sum()))
+        tokens = tokens[:length]
+    else:
+        tokens = [f"row {i}" for i in range(x.shape[1])]
+        length = len(tokens)
+    labels = (
+        json.loads((run / "labels.json").read_text()) if (run / "labels.json").exists() else None
+    )
+    pred = int(np.asarray(probs)[0].argmax())
+    label = int(ev["y"][args.sample])
+    name = lambda i: labels[i] if labels else str(i)  # noqa: E731
+    plt = _pyplot()
+    max_heads = max(s.shape[0] for s in scores)
+    extra = 1 + (1 if vocab is not None else 0)
+    fig, axes = plt.subplots(
+        len(scores),
+        max_heads + extra,
+        figsize=(2.4 * (max_heads + extra), 2.6 * len(scores)),
+        squeeze=False,
+    )
+    pronoun_rows = {}
+    pronoun_index = None
+    if vocab is not None:
+        for i, t in enumerate(tokens):
+            if t in ("it", "they"):
+                pronoun_index = i
+    for layer, layer_scores in enumerate(scores):
+        ax = axes[layer][0]
+        if vocab is None:
+            ax.imshow(x[0], cmap="gray_r")
+            ax.set_title(f"input: label {name(label)}, predicted {name(pred)}", fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks(range(length), tokens, fontsize=6)
+        else:
+            ax.axis("off")
+            ax.text(0, 0.5, "\n".join(tokens), fontsize=7, va="center")
+            ax.set_title(f"label {name(label)}\npredicted {name(pred)}", fontsize=8)
+        for head in range(max_heads):
+            ax = axes[layer][1 + head]
+            if head >= layer_scores.shape[0]:
+                ax.axis("off")
+                continue
+            a = layer_scores[head][:length, :length]
+            ax.imshow(a, cmap="viridis", vmin=0, vmax=1)
+            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            ax.set_xticks(range(length), tokens, rotation=90, fontsize=6)
+            ax.set_yticks(range(length), tokens, fontsize=6)
+            if pronoun_index is not None:
+                pronoun_rows[(layer, head)] = a[pronoun_index]
+        if vocab is not None:
+            ax = axes[layer][-1]
+            if pronoun_index is None:
+                ax.axis("off")
+                continue
+            for head in range(layer_scores.shape[0]):
+                ax.plot(pronoun_rows[(layer, head)], marker="o", label=f"head {head}")
+            ax.set_xticks(range(length), tokens, rotation=90, fontsize=6)
+            ax.set_title(f"layer {layer}: row of '{tokens[pronoun_index]}'", fontsize=8)
+            ax.legend(fontsize=6)
+    out = pathlib.Path(args.out) if args.out else run / HEADS_DIR / f"heads_sample{args.sample}.png"
+    _save_png(fig, out)
+    plt.close(fig)
+    if pronoun_index is not None:
+        print(f"attention of '{tokens[pronoun_index]}' (row {pronoun_index}) per head:")
+        for (layer, head), row in pronoun_rows.items():
+            top = np.argsort(row)[::-1][:3]
+            print(
+                f"  layer {layer} head {head}: "
+                + ", ".join(f"{tokens[j]} {row[j]:.2f}" for j in top)
+            )
+    print(f"wrote {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keras-mha-heads",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("importance", help="head importance and single-head ablation")
+    p.add_argument("run_dir")
+    p.set_defaults(func=cmd_importance)
+    p = sub.add_parser("curve", help="accuracy against the fraction of heads pruned")
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=float, default=0.1, help="fraction of all heads pruned per step")
+    p.set_defaults(func=cmd_curve)
+    p = sub.add_parser("prune", help="remove the least important heads; write a new run")
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--fraction", type=float, required=True, help="fraction of all heads to remove, in [0, 1)"
+    )
+    p.add_argument("--out", required=True, help="new run directory")
+    p.add_argument("--finetune-epochs", type=int, default=0)
+    p.add_argument("--finetune-lr", type=float, default=5e-4)
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_prune)
+    p = sub.add_parser("plot", help="attention map of every head for one input")
+    p.add_argument("run_dir")
+    p.add_argument("--sample", type=int, default=0)
+    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/heads/heads_sampleN.png)")
+    p.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as e:
+        print(f"keras-mha-heads: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"keras-mha-heads: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

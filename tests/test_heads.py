@@ -1,0 +1,179 @@
+"""Head analysis: gradient importance, pruning that equals masking, the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+from keras_mha import heads
+from keras_mha.model import ModelConfig, attention_layers, build_classifier, forward
+
+
+def tiny_model(**overrides):
+    config = ModelConfig(
+        d_model=16, num_heads=4, num_layers=2, ff_dim=16, dropout=0.0, seed=3, **overrides
+    )
+    model = build_classifier(config)
+    # Non-zero biases so that a removed head's bias would show if it leaked.
+    for layer in attention_layers(model):
+        for var in (layer.query_bias, layer.value_bias, layer.output_bias):
+            var.assign(np.random.default_rng(1).normal(0, 0.3, var.shape).astype("float32"))
+    return model
+
+
+def digits_like(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 8, 8)).astype("float32"), rng.integers(0, 10, n).astype("int32")
+
+
+def test_pruning_equals_masking_and_really_removes_weights(tmp_path):
+    model = tiny_model()
+    x, _ = digits_like()
+    remove = {0: [1, 3], 1: [0]}
+    gates = [np.array([1, 0, 1, 0], "float32"), np.array([0, 1, 1, 1], "float32")]
+    masked = np.asarray(forward(model, x, head_masks=gates))
+    full = np.asarray(model(x))
+    assert np.abs(masked - full).max() > 1e-4  # the masked heads did matter
+    pruned = heads.prune_model(model, remove)
+    assert heads.heads_per_layer(pruned) == [2, 3]
+    np.testing.assert_allclose(np.asarray(pruned(x)), masked, atol=1e-5)
+    # Each removed head takes 3 * (16*4 + 4) projection weights and 4*16 rows of W^O.
+    per_head = 3 * (16 * 4 + 4) + 4 * 16
+    assert pruned.count_params() == model.count_params() - 3 * per_head
+    assert tuple(attention_layers(pruned)[0].output_kernel.shape) == (2 * 4, 16)
+    # The pruned model saves and loads with its new head counts.
+    pruned.save(tmp_path / "pruned.keras")
+    reloaded = keras.saving.load_model(tmp_path / "pruned.keras")
+    assert heads.heads_per_layer(reloaded) == [2, 3]
+    np.testing.assert_allclose(np.asarray(reloaded(x)), masked, atol=1e-5)
+
+
+def test_token_model_prunes_with_padding():
+    model = tiny_model(input_kind="tokens", sequence_length=6, feature_dim=12, num_classes=3)
+    ids = np.array([[1, 2, 3, 0, 0, 0], [4, 5, 6, 7, 8, 9], [2, 2, 0, 0, 0, 0]], "int32")
+    gates = [np.array([0, 1, 1, 1], "float32"), np.array([1, 1, 0, 1], "float32")]
+    pruned = heads.prune_model(model, {0: [0], 1: [2]})
+    np.testing.assert_allclose(
+        np.asarray(pruned(ids)), np.asarray(forward(model, ids, head_masks=gates)), atol=1e-5
+    )
+
+
+def test_importance_is_the_mean_absolute_gate_gradient():
+    model = tiny_model()
+    x, y = digits_like(n=6, seed=1)
+    scores = heads.head_importance(model, x, y, batch_size=4)
+    # Finite differences of each example's loss with respect to each gate.
+    eps = 2e-3
+    for layer in range(2):
+        raw = np.zeros(4)
+        for head in range(4):
+            for i in range(len(x)):
+                losses = []
+                for delta in (eps, -eps):
+                    gates = [np.ones(4, "float32"), np.ones(4, "float32")]
+                    gates[layer][head] += delta
+                    p = np.asarray(forward(model, x[i : i + 1], head_masks=gates))[0, y[i]]
+                    losses.append(-np.log(p))
+                raw[head] += abs((losses[0] - losses[1]) / (2 * eps))
+        expected = raw / np.linalg.norm(raw)
+        np.testing.assert_allclose(scores[layer], expected, atol=2e-3)
+        assert abs(np.linalg.norm(scores[layer]) - 1.0) < 1e-5
+
+
+def test_a_planted_dead_head_ranks_last():
+    model = tiny_model()
+    layer = attention_layers(model)[1]
+    value_kernel = np.asarray(layer.value_kernel).copy()
+    value_kernel[2] = 0.0
+    layer.value_kernel.assign(value_kernel)
+    value_bias = np.asarray(layer.value_bias).copy()
+    value_bias[2] = 0.0
+    layer.value_bias.assign(value_bias)
+    x, y = digits_like(n=32, seed=2)
+    scores = heads.head_importance(model, x, y)
+    assert scores[1][2] == 0.0
+    assert (scores[1][[0, 1, 3]] > 0.01).all()
+    assert heads.rank_heads(scores)[0] == (1, 2)
+
+
+# ----------------------------------------------------------------------- CLI
+@pytest.mark.slow
+def test_cli_importance_curve_prune_plot(digits_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(digits_run, run)
+    assert heads.main(["importance", str(run)]) == 0
+    result = json.loads((run / "heads" / "importance.json").read_text())
+    n_heads = sum(heads.heads_per_layer(keras.saving.load_model(run / "model.keras")))
+    assert len(result["heads"]) == n_heads
+    for row in result["heads"]:
+        assert 0.0 <= row["accuracy_without"] <= 1.0
+        assert row["importance"] >= 0.0
+    assert (run / "heads" / "importance.png").stat().st_size > 1000
+
+    assert heads.main(["curve", str(run), "--step", "0.5"]) == 0
+    curve = json.loads((run / "heads" / "curve.json").read_text())["points"]
+    assert curve[0]["fraction"] == 0.0
+    assert curve[0]["accuracy"] == pytest.approx(result["test_accuracy"])
+    fractions = [p["fraction"] for p in curve]
+    assert fractions == sorted(set(fractions)) and fractions[-1] < 1.0
+
+    out = tmp_path / "pruned"
+    assert heads.main(["prune", str(run), "--fraction", "0.5", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["pruning"]["heads_after"] == [n_heads - 1]
+    assert metrics["pruning"]["params_after"] < metrics["pruning"]["params_before"]
+    assert metrics["test_accuracy"] == pytest.approx(metrics["pruning"]["test_accuracy_pruned"])
+    with np.load(out / "eval.npz") as ev, np.load(run / "eval.npz") as src:
+        np.testing.assert_array_equal(ev["x"], src["x"])
+        pruned_model = keras.saving.load_model(out / "model.keras")
+        np.testing.assert_allclose(np.asarray(pruned_model(ev["x"])), ev["probs"], atol=1e-6)
+        assert metrics["test_accuracy"] == pytest.approx(
+            float((ev["probs"].argmax(-1) == ev["y"]).mean())
+        )
+    for name in ("calibration.npz", "labels.json"):
+        assert (out / name).is_file()
+
+    assert heads.main(["plot", str(run), "--sample", "2"]) == 0
+    assert (run / "heads" / "heads_sample2.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_cli_bad_input(digits_run, tmp_path, capsys):
+    def fails(argv, match):
+        capsys.readouterr()
+        assert heads.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert match in err, err
+
+    fails(["importance", str(tmp_path / "nope")], "not a run directory")
+    fails(["prune", str(digits_run), "--fraction", "1.0", "--out", str(tmp_path / "o")], "[0, 1)")
+    fails(["prune", str(digits_run), "--fraction", "-0.1", "--out", str(tmp_path / "o")], "[0, 1)")
+    fails(
+        ["prune", str(digits_run), "--fraction", "0.9", "--out", str(tmp_path / "o")],
+        "would leave layer 0 with no head",
+    )
+    assert not (tmp_path / "o").exists()
+    assert not list(tmp_path.glob(".o.*"))  # no half-written temp dir left
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep")
+    fails(
+        ["prune", str(digits_run), "--fraction", "0.5", "--out", str(tmp_path / "full")],
+        "pass --overwrite",
+    )
+    assert (tmp_path / "full" / "x").read_text() == "keep"
+    fails(["plot", str(digits_run), "--sample", "100000"], "--sample must be in")
+
+    # A run whose model has no keras_mha attention.
+    plain = tmp_path / "plain"
+    shutil.copytree(digits_run, plain)
+    inputs = keras.Input((8, 8))
+    model = keras.Model(inputs, keras.layers.Dense(10)(keras.layers.Flatten()(inputs)))
+    model.save(plain / "model.keras")
+    fails(["importance", str(plain)], "no TransformerEncoderBlock")
+    (plain / "model.keras").write_bytes(b"not a zip")
+    fails(["importance", str(plain)], "cannot load the model")
