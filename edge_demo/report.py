@@ -1,0 +1,111 @@
+"""What the app prints and writes: the parity table, sample pictures, JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import pathlib
+import tempfile
+
+import numpy as np
+
+from edge_demo.parity import ModeResult, describe_thresholds
+
+_RAMP = " .:-=+*#%@"  # darkest last: a digit's ink
+
+
+def _fmt(value: float, spec: str) -> str:
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and not math.isfinite(value))
+        else format(value, spec)
+    )
+
+
+def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    """A plain text table, columns padded; `right` = indices of right-aligned columns."""
+    right = right or set()
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            str(c).rjust(w) if i in right else str(c).ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def parity_table(results: list[ModeResult]) -> str:
+    """The per-mode parity table, then one line per skip or failure."""
+    headers = [
+        "mode", "result", "accuracy", "agreement", "max|Δp|", "mean|Δp|",
+        "p50 µs", "p90 µs", "p99 µs", "load ms", "peak MB", "size KB", "thresholds",
+    ]  # fmt: skip
+    rows, notes = [], []
+    for r in results:
+        if r.status == "skipped":
+            rows.append([r.mode, "SKIP", *["-"] * 10, ""])
+            notes.append(f"{r.mode}: skipped: {r.reason}")
+            continue
+        rows.append(
+            [
+                r.mode,
+                "PASS" if r.passed else "FAIL",
+                _fmt(r.accuracy, ".4f"),
+                _fmt(r.agreement, ".4f"),
+                _fmt(r.max_abs_diff, ".2e"),
+                _fmt(r.mean_abs_diff, ".2e"),
+                _fmt(r.latency_us_p50, ".1f"),
+                _fmt(r.latency_us_p90, ".1f"),
+                _fmt(r.latency_us_p99, ".1f"),
+                _fmt(r.load_ms, ".1f"),
+                _fmt(r.peak_rss_mb, ".1f"),
+                _fmt(r.model_bytes / 1024, ".1f"),
+                describe_thresholds(r.thresholds),
+            ]
+        )
+        notes.extend(f"{r.mode}: FAIL: {failure}" for failure in r.failures)
+    table = format_table(headers, rows, right=set(range(2, 12)))
+    return "\n".join([table, *notes])
+
+
+def render_features(x: np.ndarray) -> str:
+    """A feature sample as a small text picture (a digit's 8x8 ink), or its stats."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2 or x.shape[0] > 64 or x.shape[1] > 64:
+        return f"(input of shape {list(x.shape)}: min {x.min():.3g}, max {x.max():.3g})"
+    lo, hi = min(0.0, float(x.min())), float(x.max())
+    scaled = (x - lo) / (hi - lo) if hi > lo else np.zeros_like(x)
+    levels = np.rint(scaled * (len(_RAMP) - 1)).astype(int)
+    border = "+" + "-" * (2 * x.shape[1]) + "+"
+    rows = ["|" + "".join(_RAMP[v] * 2 for v in row) + "|" for row in levels]
+    return "\n".join([border, *rows, border])
+
+
+def prediction_table(rows: list[tuple[str, str, str]]) -> str:
+    """(mode, prediction, confidence) rows as a table."""
+    return format_table(["mode", "prediction", "confidence"], [list(r) for r in rows], right={2})
+
+
+def write_json(path: pathlib.Path, data: dict) -> None:
+    """Write JSON atomically: a temporary file beside `path`, then rename."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, allow_nan=False)
+            f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; give it a normal file's mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

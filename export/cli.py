@@ -1,0 +1,157 @@
+"""Export a trained keras-mha classifier as quantized, verified TFLite models.
+
+Converts RUN_DIR/model.keras (or --model) at batch 1 in each mode (float32,
+dynamic, float16, int8, int16x8), checks each graph (builtin ops only, int8
+fully integer), runs it over eval.npz with LiteRT and compares it with the
+float model, then writes the bundle described in docs/artifacts.md.
+
+Exit status: 0 when every requested mode is verified (or with
+--allow-parity-failure), 1 when a mode fails conversion or verification,
+2 on bad input (nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+PROG = "keras-mha-export"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr (exit 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        type=pathlib.Path,
+        metavar="RUN_DIR",
+        help="run directory written by keras-mha-train (model.keras, eval.npz, ...)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        metavar="BUNDLE_DIR",
+        help="bundle directory (default: RUN_DIR/bundle)",
+    )
+    parser.add_argument(
+        "--quant",
+        default="all",
+        metavar="MODES",
+        help="'all' or a comma list of float32,dynamic,float16,int8,int16x8 (default: all)",
+    )
+    parser.add_argument(
+        "--allow-parity-failure",
+        action="store_true",
+        help="exit 0 and keep models that fail verification (marked unverified)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing non-empty bundle"
+    )
+    files = parser.add_argument_group("explicit files instead of RUN_DIR")
+    files.add_argument("--model", type=pathlib.Path, metavar="FILE.keras")
+    files.add_argument("--calibration", type=pathlib.Path, metavar="FILE.npz")
+    files.add_argument("--eval", type=pathlib.Path, metavar="FILE.npz")
+    files.add_argument(
+        "--labels", type=pathlib.Path, metavar="FILE.json", help="default: class indices"
+    )
+    files.add_argument("--vocab", type=pathlib.Path, metavar="FILE.json")
+    parser.add_argument("--dataset", help="dataset name for the manifest (default: metrics.json)")
+    parser.add_argument(
+        "--import-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE before loading the model (its custom layers); repeatable",
+    )
+    return parser
+
+
+def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    from export.source import SourcePaths
+
+    explicit = {name: getattr(args, name) for name in ("model", "calibration", "eval")}
+    extras = [f"--{name}" for name in ("labels", "vocab") if getattr(args, name) is not None]
+    if args.run_dir is not None:
+        given = [f"--{name}" for name, value in explicit.items() if value is not None] + extras
+        if given:
+            parser.error(f"give RUN_DIR or --model/--calibration/--eval, not both ({given[0]})")
+        return args.run_dir
+    missing = [f"--{name}" for name, value in explicit.items() if value is None]
+    if len(missing) == 3:
+        parser.error("give RUN_DIR, or --model, --calibration and --eval")
+    if missing:
+        parser.error(f"--model, --calibration and --eval go together; missing {missing[0]}")
+    if args.out is None:
+        parser.error("--out is required with --model")
+    return SourcePaths(
+        model=args.model,
+        calibration=args.calibration,
+        eval=args.eval,
+        labels=args.labels,
+        vocab=args.vocab,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    source = _source(args, parser)
+
+    from export.bundle import ExportFailed, export_bundle, summary_table
+    from export.source import InputError
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        manifest = export_bundle(
+            source,
+            args.out,
+            args.quant,
+            overwrite=args.overwrite,
+            allow_parity_failure=args.allow_parity_failure,
+            dataset=args.dataset,
+            import_modules=tuple(args.import_module),
+            log=log,
+        )
+    except InputError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except ExportFailed as error:
+        print()
+        print(summary_table(error.manifest))
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 1
+    out = args.out if args.out is not None else pathlib.Path(args.run_dir) / "bundle"
+    print()
+    print(summary_table(manifest))
+    verified, failed = manifest["verified"], manifest["failed"]
+    print(
+        f"\nbundle: {out} ({len(verified)}/{len(manifest['requested'])} modes verified"
+        f"{': ' + ', '.join(verified) if verified else ''}; {manifest['export_seconds']:.1f} s)"
+    )
+    if failed:
+        detail = "; ".join(f"{mode}: {', '.join(info['reasons'])}" for mode, info in failed.items())
+        if args.allow_parity_failure:
+            print(f"{PROG}: warning: not verified (allowed): {detail}", file=sys.stderr)
+            return 0
+        print(f"{PROG}: not verified, left out of the bundle: {detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
