@@ -204,6 +204,9 @@ def _model_config(model):
         key_dim=first.key_dim,
         positional=model.get_layer("positional_encoding").kind,
         implementation=first.implementation,
+        pooling="flatten"
+        if isinstance(model.get_layer("pooling"), keras.layers.Flatten)
+        else "mean",
         seed=int(first.seed or 0),
     )
 
