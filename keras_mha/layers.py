@@ -108,9 +108,7 @@ class PositionalEncoding(keras.layers.Layer):
     def call(self, x):
         length = x.shape[1]
         if length is not None and length > self.max_length:
-            raise ValueError(
-                f"Sequence length {length} exceeds `max_length`={self.max_length}."
-            )
+            raise ValueError(f"Sequence length {length} exceeds `max_length`={self.max_length}.")
         table = self.position_embeddings if self.kind == "learned" else self._table
         table = ops.cast(table, x.dtype)
         if length is None:

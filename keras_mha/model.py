@@ -2,12 +2,17 @@
 
     inputs -> embedding -> + positional encoding
            -> transformer_layer_0 .. transformer_layer_{N-1}
-           -> masked mean pooling -> dropout -> softmax over classes
+           -> pooling -> dropout -> softmax over classes
 
 Two input kinds: `"features"` (a sequence of feature vectors, e.g. the rows
 of a digit image, projected by a Dense layer) and `"tokens"` (integer token
 ids with 0 as padding, embedded with `mask_zero=True` so padded positions are
 never attended to).
+
+Pooling turns the `(T, d_model)` sequence into one vector: `"mean"` (masked
+mean over the tokens, the default) or `"flatten"` (the tokens side by side,
+`T * d_model`, keeping where each token sits; for fixed-length feature
+sequences only, e.g. the rows of an image).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from keras_mha.attention import MultiHeadAttention
 from keras_mha.layers import PositionalEncoding, TransformerEncoderBlock
 
 INPUT_KINDS = ("features", "tokens")
+POOLINGS = ("mean", "flatten")
 
 
 @dataclasses.dataclass
@@ -28,7 +34,8 @@ class ModelConfig:
     """Flat hyperparameters of the classifier (plain data, JSON-friendly).
 
     `num_heads` may be a list with one count per layer (a pruned model);
-    `key_dim` then pins d_k, which no longer equals d_model / h.
+    `key_dim` then pins d_k, which no longer equals d_model / h. `pooling`
+    is `"mean"` (masked mean) or `"flatten"` (feature inputs only).
     """
 
     input_kind: str = "features"
@@ -43,6 +50,7 @@ class ModelConfig:
     key_dim: int | None = None
     positional: str = "sinusoidal"
     implementation: str = "fused"
+    pooling: str = "mean"
     seed: int = 0
 
     def heads_per_layer(self) -> list[int]:
@@ -55,7 +63,14 @@ class ModelConfig:
             raise ValueError(
                 f"`input_kind` must be one of {INPUT_KINDS}. Received: {self.input_kind!r}"
             )
-        for name in ("sequence_length", "feature_dim", "num_classes", "d_model", "num_layers", "ff_dim"):
+        for name in (
+            "sequence_length",
+            "feature_dim",
+            "num_classes",
+            "d_model",
+            "num_layers",
+            "ff_dim",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
@@ -66,12 +81,22 @@ class ModelConfig:
             )
         for h in heads:
             if h <= 0:
-                raise ValueError(f"`num_heads` must be positive. Received: num_heads={self.num_heads!r}")
+                raise ValueError(
+                    f"`num_heads` must be positive. Received: num_heads={self.num_heads!r}"
+                )
             if self.key_dim is None and self.d_model % h:
                 raise ValueError(
                     f"d_model must be divisible by num_heads (d_k = d_model / h). "
                     f"Received: d_model={self.d_model}, num_heads={h}"
                 )
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"`pooling` must be one of {POOLINGS}. Received: pooling={self.pooling!r}"
+            )
+        if self.pooling == "flatten" and self.input_kind == "tokens":
+            raise ValueError(
+                "`pooling='flatten'` would mix padding into the features; use 'mean' for tokens."
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"`dropout` must be in [0, 1). Received: dropout={self.dropout!r}")
 
@@ -111,7 +136,10 @@ def build_classifier(config: ModelConfig, batch_size: int | None = None) -> kera
             seed=config.seed + 10 * i,
             name=f"transformer_layer_{i}",
         )(x)
-    x = keras.layers.GlobalAveragePooling1D(name="pooling")(x)
+    if config.pooling == "flatten":
+        x = keras.layers.Flatten(name="pooling")(x)  # (B, T * d_model)
+    else:
+        x = keras.layers.GlobalAveragePooling1D(name="pooling")(x)  # masked mean
     x = keras.layers.Dropout(config.dropout, seed=config.seed, name="head_dropout")(x)
     outputs = keras.layers.Dense(config.num_classes, activation="softmax", name="classifier")(x)
     return keras.Model(inputs, outputs, name="keras_mha_classifier")
@@ -151,7 +179,8 @@ def forward(model: keras.Model, x, head_masks=None, return_attention_scores=Fals
             h, mask=mask, training=training, head_mask=head_mask, return_attention_scores=True
         )
         all_scores.append(scores)
-    h = model.get_layer("pooling")(h, mask=mask)
+    pooling = model.get_layer("pooling")
+    h = pooling(h) if mask is None else pooling(h, mask=mask)
     h = model.get_layer("head_dropout")(h, training=training)
     probs = model.get_layer("classifier")(h)
     if return_attention_scores:
