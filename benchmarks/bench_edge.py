@@ -47,7 +47,7 @@ def train_variants(work: pathlib.Path, seed: int, epochs: int | None) -> dict[st
     }
     common = {"seed": seed, "overwrite": True, "verbose": 0, "epochs": epochs}
     metrics = train("digits", runs["keras_mha fused"], **common)
-    train("digits", runs["keras.layers.MultiHeadAttention"], attention="keras", **common)
+    train("digits", runs["keras.layers.MultiHeadAttention"], implementation="keras", **common)
     # per_head: the same trained weights, computed head by head.
     src = runs["keras_mha fused"]
     dst = runs["keras_mha per_head"]

@@ -132,7 +132,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
         dropout: Dropout after attention and feed-forward (and on the
             attention weights).
         key_dim: Per-head size; defaults to d_model / num_heads.
-        implementation: Passed to `MultiHeadAttention`.
+        implementation: Passed to `MultiHeadAttention` (`"fused"` or
+            `"per_head"`); `"keras"` uses `keras.layers.MultiHeadAttention`
+            instead, the anchor our layer is compared with.
         seed: Seed for the dropout layers.
     """
 
@@ -161,14 +163,16 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.epsilon = epsilon
         self.seed = seed
         self.supports_masking = True
-        self.attention = MultiHeadAttention(
-            num_heads,
-            key_dim=key_dim,
-            dropout=dropout,
-            implementation=implementation,
-            seed=seed,
-            name="attention",
-        )
+        self.attention = None  # "keras": made in build(), once d_model is known
+        if implementation != "keras":
+            self.attention = MultiHeadAttention(
+                num_heads,
+                key_dim=key_dim,
+                dropout=dropout,
+                implementation=implementation,
+                seed=seed,
+                name="attention",
+            )
         self.attention_norm = LayerNorm(epsilon, name="attention_norm")
         self.ffn_norm = LayerNorm(epsilon, name="ffn_norm")
         self.attention_dropout = keras.layers.Dropout(dropout, seed=seed)
@@ -178,7 +182,17 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
     def build(self, input_shape):
         d_model = input_shape[-1]
-        self.attention.build(input_shape)
+        if self.implementation == "keras":
+            self.attention = keras.layers.MultiHeadAttention(
+                self.num_heads,
+                key_dim=self.key_dim or d_model // self.num_heads,
+                dropout=self.dropout,
+                seed=self.seed,
+                name="attention",
+            )
+            self.attention.build(input_shape, input_shape)
+        else:
+            self.attention.build(input_shape)
         self.attention_norm.build(input_shape)
         self.ffn_norm.build(input_shape)
         self._ffn_in = keras.layers.Dense(self.ff_dim, activation="relu", name="ffn_in")
@@ -187,14 +201,26 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self._ffn_out.build(tuple(input_shape[:-1]) + (self.ff_dim,))
 
     def call(self, x, mask=None, training=None, head_mask=None, return_attention_scores=False):
-        attended, scores = self.attention(
-            x,
-            query_mask=mask,
-            value_mask=mask,
-            training=training,
-            head_mask=head_mask,
-            return_attention_scores=True,
-        )
+        if self.implementation == "keras":
+            if head_mask is not None:
+                raise ValueError("`head_mask` needs keras_mha's MultiHeadAttention.")
+            out = self.attention(
+                x,
+                x,
+                value_mask=mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+            )
+            attended, scores = out if return_attention_scores else (out, None)
+        else:
+            attended, scores = self.attention(
+                x,
+                query_mask=mask,
+                value_mask=mask,
+                training=training,
+                head_mask=head_mask,
+                return_attention_scores=True,
+            )
         x = self.attention_norm(x + self.attention_dropout(attended, training=training))
         ffn = self._ffn_out(self._ffn_in(x))
         x = self.ffn_norm(x + self.ffn_dropout(ffn, training=training))

@@ -49,7 +49,7 @@ class ModelConfig:
     dropout: float = 0.1
     key_dim: int | None = None
     positional: str = "sinusoidal"
-    implementation: str = "fused"
+    implementation: str = "fused"  # or "per_head"; "keras": keras.layers.MultiHeadAttention
     pooling: str = "mean"
     seed: int = 0
 

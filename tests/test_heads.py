@@ -177,3 +177,29 @@ def test_cli_bad_input(digits_run, tmp_path, capsys):
     fails(["importance", str(plain)], "no TransformerEncoderBlock")
     (plain / "model.keras").write_bytes(b"not a zip")
     fails(["importance", str(plain)], "cannot load the model")
+
+
+def test_keras_anchor_classifier_equals_ours_with_the_same_weights():
+    """implementation="keras" swaps in keras.layers.MultiHeadAttention (benchmarks)."""
+    from keras_mha import MultiHeadAttention
+
+    anchor = build_classifier(
+        ModelConfig(d_model=16, num_heads=4, num_layers=2, ff_dim=16, implementation="keras")
+    )
+    ours = build_classifier(ModelConfig(d_model=16, num_heads=4, num_layers=2, ff_dim=16))
+    for layer in anchor.layers:
+        if not layer.weights:
+            continue
+        target = ours.get_layer(layer.name)
+        if hasattr(layer, "attention"):
+            assert isinstance(layer.attention, keras.layers.MultiHeadAttention)
+            target.attention.set_weights(
+                MultiHeadAttention.from_keras(layer.attention).get_weights()
+            )
+            for name in ("attention_norm", "ffn_norm", "_ffn_in", "_ffn_out"):
+                getattr(target, name).set_weights(getattr(layer, name).get_weights())
+        else:
+            target.set_weights(layer.get_weights())
+    x, _ = digits_like(n=5, seed=4)
+    np.testing.assert_allclose(np.asarray(ours(x)), np.asarray(anchor(x)), atol=1e-5)
+    assert anchor.count_params() == ours.count_params()
