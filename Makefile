@@ -1,5 +1,6 @@
 # The README's commands. Each creates what it needs (.venv, the edge venvs) if missing.
 PYTHON ?= python3
+export TF_CPP_MIN_LOG_LEVEL ?= 3
 VENV := .venv
 PY := $(VENV)/bin/python
 EDGE_VENV := .venv-edge

@@ -556,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `keras-mha-train`; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # TF's C++ start-up chatter
     args = build_parser().parse_args(argv)
     try:
         metrics = train(
