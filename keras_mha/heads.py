@@ -412,22 +412,32 @@ def cmd_prune(args) -> int:
     if args.finetune_epochs:
         import keras
 
+        from keras_mha.train import shift_augment
+
+        training = metrics.get("training", {})
+        x_train, y_train = data.x_train, data.y_train
+        if training.get("shift_augment"):  # fine-tune on what the run trained on
+            x_train, y_train = shift_augment(x_train, y_train)
+        batch_size = int(training.get("batch_size", 32))
+        steps = args.finetune_epochs * -(-len(x_train) // batch_size)
         pruned.compile(
-            optimizer=keras.optimizers.Adam(args.finetune_lr),
+            optimizer=keras.optimizers.Adam(
+                keras.optimizers.schedules.CosineDecay(args.finetune_lr, steps)
+            ),
             loss="sparse_categorical_crossentropy",
             metrics=["accuracy"],
         )
         keras.utils.set_random_seed(int(metrics.get("seed", 0)))
         pruned.fit(
-            data.x_train,
-            data.y_train,
+            x_train,
+            y_train,
             validation_data=(data.x_val, data.y_val),
             epochs=args.finetune_epochs,
-            batch_size=32,
+            batch_size=batch_size,
             verbose=0,
             callbacks=[
                 keras.callbacks.EarlyStopping(
-                    monitor="val_loss", patience=3, restore_best_weights=True
+                    monitor="val_loss", patience=5, restore_best_weights=True
                 )
             ],
         )
