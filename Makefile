@@ -8,6 +8,7 @@ EDGE_PY := $(EDGE_VENV)/bin/python
 TFLITE_VENV := .venv-edge-tflite
 RUN ?= runs/digits
 DATASET ?= digits
+QUANT ?= all
 
 .PHONY: install edge-venvs lint format test test-fast demo bench clean
 
@@ -46,11 +47,12 @@ test-fast: install
 
 demo: install edge-venvs
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite
-	$(PY) -m export $(RUN) --out $(RUN)/bundle --overwrite
+	$(PY) -m export $(RUN) --out $(RUN)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
 
 bench: install edge-venvs
 	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json
+	$(PY) benchmarks/bench_edge.py --json benchmarks/results/edge.json
 
 clean:
 	rm -rf runs .cache .pytest_cache .ruff_cache *.egg-info
