@@ -10,16 +10,16 @@ to Keras's layer (the anchor, measured in the same run); writes JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
 import statistics
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
 SHAPES = {
     # name: (batch, T, d_model, heads)
@@ -129,13 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['forward_backward_us']:11.0f} {r['forward_backward_ratio']:6.2f}"
             )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=args.json.parent, delete=False, suffix=".tmp"
-        ) as f:
-            json.dump(report, f, indent=2)
-        os.replace(f.name, args.json)
-        print(f"\nwrote {args.json}")
+        write_json_atomic(args.json, report)
     return 0
 
 

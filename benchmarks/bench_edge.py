@@ -23,10 +23,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
@@ -223,13 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         f"  ratio edge/keras {cold['ratio_vs_keras']:.3f}, edge/tf.lite {cold['ratio_vs_tf_lite']:.3f}"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(
-            "w", dir=args.json.parent, delete=False, suffix=".tmp"
-        ) as f:
-            json.dump(report, f, indent=2)
-        os.replace(f.name, args.json)
-        print(f"\nwrote {args.json}")
+        write_json_atomic(args.json, report)
     return 0
 
 
