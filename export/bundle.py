@@ -26,7 +26,6 @@ import platform
 import shutil
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -221,21 +220,6 @@ def _make_parents(directory: pathlib.Path) -> list[pathlib.Path]:
     return missing[::-1]
 
 
-def _swap_into_place(built: pathlib.Path, out: pathlib.Path) -> None:
-    """Rename `built` to `out`, replacing a previous `out` only at the end."""
-    if not out.exists():
-        os.rename(built, out)
-        return
-    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(out, old)
-    try:
-        os.rename(built, out)
-    except OSError:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def export_bundle(
     source: str | os.PathLike | SourcePaths,
     out: str | os.PathLike | None = None,
@@ -340,7 +324,9 @@ def export_bundle(
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(built, 0o777 & ~umask)  # mkdtemp made it private
-        _swap_into_place(built, out)
+        from keras_mha.fsutil import swap_into_place  # keeps `import export` cheap
+
+        swap_into_place(built, out)
     except BaseException:
         shutil.rmtree(built, ignore_errors=True)
         for directory in reversed(created):

@@ -475,9 +475,9 @@ def cmd_prune(args) -> int:
             if (src / name).exists():
                 shutil.copy2(src / name, tmp / name)
         (tmp / "metrics.json").write_text(json.dumps(new_metrics, indent=2))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
+        from keras_mha.fsutil import swap_into_place
+
+        swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from keras_mha import data as datasets
+from keras_mha.fsutil import swap_into_place
 from keras_mha.model import ModelConfig
 
 DISTRIBUTE = ("mirrored",)
@@ -152,7 +153,7 @@ def train(
     try:
         data = datasets.load_dataset(dataset, seed)
         metrics = _train_into(staging, data, config, settings, distribute, verbose, deterministic)
-        _move_into_place(staging, out)
+        swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -470,21 +471,6 @@ def _staging_dir(out: pathlib.Path, overwrite: bool) -> pathlib.Path:
     except OSError as error:
         reason = error.strerror or _one_line(error)
         raise UsageError(f"Cannot write the run directory {out}: {reason}.") from None
-
-
-def _move_into_place(staging: pathlib.Path, out: pathlib.Path) -> None:
-    """Rename the finished run to `out`, replacing an old run directory."""
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    old = staging.with_suffix(".old")
-    os.replace(out, old)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _one_line(error: BaseException) -> str:

@@ -313,7 +313,7 @@ def test_staging_is_renamed_over_an_old_run(tmp_path):
     staging = train._staging_dir(old, overwrite=True)
     assert staging.parent == tmp_path and staging.name.startswith(".run.")
     (staging / "metrics.json").write_text("new")
-    train._move_into_place(staging, old)
+    train.swap_into_place(staging, old)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
     assert (old / "metrics.json").read_text() == "new"
     umask = os.umask(0o022)
