@@ -136,7 +136,6 @@ def _export_mode(
         tflite_runtime_214_can_load,
         weight_dtypes,
     )
-    from export.rewrite import integerize_mask_casts
     from export.verify import THRESHOLDS, failures, parity, run_model
 
     start = time.perf_counter()
@@ -144,11 +143,6 @@ def _export_mode(
         model = convert(saved_model, mode, source.calibration)
     except ConversionError as error:
         return None, None, [f"the converter cannot produce {mode}: {error}"], "convert"
-    rewrites = []
-    if mode in ("int8", "int16x8"):
-        model, count = integerize_mask_casts(model)
-        if count:
-            rewrites.append(f"{count} x CAST(bool->float32)+QUANTIZE -> SELECT_V2")
     convert_seconds = time.perf_counter() - start
     graph = read_graph(model)
     problems = check_graph(graph, mode)
@@ -185,7 +179,6 @@ def _export_mode(
         "checks": {check: not found for check, found in problems.items()},
         "failures": reasons,
         "weights": weight_dtypes(graph),
-        "graph_rewrites": rewrites,
         "verified_with": runtime,
         "convert_seconds": round(convert_seconds, 3),
     }

@@ -123,6 +123,34 @@ class PositionalEncoding(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
+class MaskedMeanPooling(keras.layers.Layer):
+    """Mean over the tokens the mask keeps: `(B, T, d) -> (B, d)`.
+
+    Equal to `GlobalAveragePooling1D` with a mask, but the 0/1 weights come
+    from `where(mask, 1, 0)` rather than a bool->float cast, which the TFLite
+    converter leaves as a float CAST in an otherwise integer int8 graph.
+    A sequence with no token kept gives zeros, not NaN.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, x, mask=None):
+        if mask is None:
+            return ops.mean(x, axis=1)
+        keep = ops.where(ops.expand_dims(mask, -1), 1.0, 0.0)  # (B, T, 1)
+        keep = ops.cast(keep, x.dtype)
+        return ops.sum(x * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
+
+    def compute_mask(self, x, mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
 class TransformerEncoderBlock(keras.layers.Layer):
     """x = LN(x + Dropout(MHA(x))); x = LN(x + Dropout(FFN(x))).
 

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from keras_mha.attention import MultiHeadAttention
-from keras_mha.layers import PositionalEncoding, TransformerEncoderBlock
+from keras_mha.layers import MaskedMeanPooling, PositionalEncoding, TransformerEncoderBlock
 
 INPUT_KINDS = ("features", "tokens")
 POOLINGS = ("mean", "flatten")
@@ -139,7 +139,7 @@ def build_classifier(config: ModelConfig, batch_size: int | None = None) -> kera
     if config.pooling == "flatten":
         x = keras.layers.Flatten(name="pooling")(x)  # (B, T * d_model)
     else:
-        x = keras.layers.GlobalAveragePooling1D(name="pooling")(x)  # masked mean
+        x = MaskedMeanPooling(name="pooling")(x)  # mean over unpadded tokens
     x = keras.layers.Dropout(config.dropout, seed=config.seed, name="head_dropout")(x)
     outputs = keras.layers.Dense(config.num_classes, activation="softmax", name="classifier")(x)
     return keras.Model(inputs, outputs, name="keras_mha_classifier")

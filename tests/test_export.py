@@ -346,10 +346,8 @@ def test_token_model_exports_float32_and_integer_int8(token_files, tmp_path):
         for i in (*op.inputs, *op.outputs)
         if i >= 0 and graph.tensor(i).dtype in FLOATS
     ]
-    assert floats == []  # the masked mean's CAST(bool->float32) was made integer
+    assert floats == []  # the masked mean (MaskedMeanPooling) stays integer
     assert "CAST" not in int8["ops"] and "GATHER" in int8["ops"]
-    assert int8["graph_rewrites"]
-    assert "CAST" in manifest["models"]["float32"]["ops"]  # float models are left alone
     # Loose files: labels made from class indices, vocab copied.
     assert json.loads((out / "labels.json").read_text()) == ["0", "1"]
     assert manifest["vocab"]["sha256"] == sha256(token_files / "vocab.json")
