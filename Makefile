@@ -9,8 +9,10 @@ TFLITE_VENV := .venv-edge-tflite
 RUN ?= runs/digits
 DATASET ?= digits
 QUANT ?= all
+FRACTION ?= 0.5
+FINETUNE ?= 5
 
-.PHONY: install edge-venvs lint format test test-fast demo bench clean
+.PHONY: install edge-venvs lint format test test-fast demo heads bench clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -49,6 +51,16 @@ demo: install edge-venvs
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite
 	$(PY) -m export $(RUN) --out $(RUN)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
+
+# Head analysis of the run `make demo` trained: importance, the pruning curve,
+# FRACTION of the heads removed and fine-tuned, exported and run on LiteRT.
+heads: install edge-venvs
+	@test -f $(RUN)/model.keras || { echo "make heads: $(RUN)/model.keras is missing; run make demo first" >&2; exit 2; }
+	$(PY) -m keras_mha.heads importance $(RUN)
+	$(PY) -m keras_mha.heads curve $(RUN)
+	$(PY) -m keras_mha.heads prune $(RUN) --fraction $(FRACTION) --finetune-epochs $(FINETUNE) --out $(RUN)_pruned --overwrite
+	$(PY) -m export $(RUN)_pruned --out $(RUN)_pruned/bundle --quant $(QUANT) --overwrite
+	$(EDGE_PY) -m edge_demo $(RUN)_pruned/bundle --json $(RUN)_pruned/edge_report.json
 
 bench: install edge-venvs
 	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json

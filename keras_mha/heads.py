@@ -1,8 +1,9 @@
 """keras-mha-heads: which heads matter, pruning that removes them, per-head views.
 
-    keras-mha-heads importance RUN_DIR
-    keras-mha-heads curve RUN_DIR [--step 0.1]
+    keras-mha-heads importance RUN_DIR [--split validation|train]
+    keras-mha-heads curve RUN_DIR [--step 0.1] [--split validation|train]
     keras-mha-heads prune RUN_DIR --fraction F --out NEW_RUN_DIR [--finetune-epochs N]
+                          [--split validation|train]
     keras-mha-heads plot RUN_DIR --sample N
 
 Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
@@ -10,7 +11,8 @@ Better than One?": each head h gets a gate xi_h on its output (1 = on), and
 
     I_h = E_x | dL(x) / d xi_h |
 
-over a split that is not the test split (the run's validation split),
+over a split that is not the test split (the run's validation split by
+default, `--split train` for its training split, before augmentation),
 normalised per layer by the L2 norm. Pruning removes a head's W_i^Q, W_i^K,
 W_i^V, biases and its rows of W^O (`MultiHeadAttention.pruned`); the pruned
 model equals the original with those gates at 0.
@@ -76,12 +78,24 @@ def load_model(path: pathlib.Path):
         raise UsageError(f"{path}: cannot load the model ({message})") from None
 
 
-def importance_split(metrics: dict):
-    """The labelled non-test split used to score heads: the run's validation split."""
+SPLITS = ("validation", "train")
+
+
+def run_dataset(metrics: dict):
+    """The run's dataset, split as it was for training (same name and seed)."""
     from keras_mha.data import load_dataset
 
     dataset = load_dataset(metrics["dataset"], int(metrics.get("seed", 0)))
     return dataset
+
+
+def scoring_data(dataset, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """The labelled non-test examples heads are scored on: `split` of `dataset`."""
+    if split == "validation":
+        return dataset.x_val, dataset.y_val
+    if split == "train":
+        return dataset.x_train, dataset.y_train
+    raise UsageError(f"--split must be one of {', '.join(SPLITS)}; got {split!r}")
 
 
 def heads_per_layer(model) -> list[int]:
@@ -223,11 +237,12 @@ def rank_heads(
     return [(layer, head) for _, layer, head in sorted(items)]
 
 
-def pruning_curve(model, x_val, y_val, x_test, y_test, step: float = 0.1) -> list[dict]:
+def pruning_curve(model, x_score, y_score, x_test, y_test, step: float = 0.1) -> list[dict]:
     """The paper's greedy curve: repeatedly drop the next `step` of all heads.
 
-    Importance is recomputed on the validation split after every step, on
-    the model with the pruned heads gated off; accuracy is on the test split.
+    Importance is recomputed on `x_score, y_score` (a non-test split) after
+    every step, on the model with the pruned heads gated off; accuracy is on
+    the test split.
     """
     gates = _gates(model)
     total = sum(len(g) for g in gates)
@@ -237,7 +252,7 @@ def pruning_curve(model, x_val, y_val, x_test, y_test, step: float = 0.1) -> lis
         target = _count(k * step, total)
         if target <= len(pruned):
             continue
-        scores = head_importance(model, x_val, y_val, gates)
+        scores = head_importance(model, x_score, y_score, gates)
         progressed = False
         while len(pruned) < target:
             candidates = [c for c in rank_heads(scores, gates) if gates[c[0]].sum() > 1]
@@ -264,7 +279,7 @@ def _count(fraction: float, total: int) -> int:
     return int(fraction * total + 0.5 + 1e-9)
 
 
-def select_heads_to_prune(model, x_val, y_val, fraction: float) -> list[tuple[int, int]]:
+def select_heads_to_prune(model, x_score, y_score, fraction: float) -> list[tuple[int, int]]:
     """The greedy selection of `pruning_curve`, up to round(fraction * heads)."""
     if not 0.0 <= fraction < 1.0:
         raise UsageError(f"--fraction must be in [0, 1); got {fraction}")
@@ -273,7 +288,7 @@ def select_heads_to_prune(model, x_val, y_val, fraction: float) -> list[tuple[in
     target = _count(fraction, total)
     pruned: list[tuple[int, int]] = []
     while len(pruned) < target:
-        scores = head_importance(model, x_val, y_val, gates)
+        scores = head_importance(model, x_score, y_score, gates)
         order = rank_heads(scores, gates)
         layer, head = order[0]
         if gates[layer].sum() <= 1:
@@ -284,6 +299,49 @@ def select_heads_to_prune(model, x_val, y_val, fraction: float) -> list[tuple[in
         gates[layer][head] = 0.0
         pruned.append((layer, head))
     return pruned
+
+
+def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 5e-4):
+    """Train a pruned model a little more, the way its run was trained.
+
+    Same training data (with the run's shifted copies when it used them),
+    batch size and seed; Adam with cosine decay from `learning_rate`; the
+    weights of the epoch with the best validation loss are kept. Op
+    determinism is on, so the same run and arguments give the same model.
+    """
+    import keras
+
+    from keras_mha.train import op_determinism, shift_augment
+
+    training = metrics.get("training", {})
+    x_train, y_train = dataset.x_train, dataset.y_train
+    if training.get("shift_augment"):
+        x_train, y_train = shift_augment(x_train, y_train)
+    batch_size = int(training.get("batch_size", 32))
+    steps = epochs * -(-len(x_train) // batch_size)
+    model.compile(
+        optimizer=keras.optimizers.Adam(
+            keras.optimizers.schedules.CosineDecay(learning_rate, steps)
+        ),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    keras.utils.set_random_seed(int(metrics.get("seed", 0)))
+    with op_determinism(True):
+        model.fit(
+            x_train,
+            y_train,
+            validation_data=(dataset.x_val, dataset.y_val),
+            epochs=epochs,
+            batch_size=batch_size,
+            verbose=0,
+            callbacks=[
+                keras.callbacks.EarlyStopping(
+                    monitor="val_loss", patience=epochs, restore_best_weights=True
+                )
+            ],
+        )
+    return model
 
 
 # ------------------------------------------------------------------- output
@@ -319,8 +377,8 @@ def cue_accuracy(probs: np.ndarray, y: np.ndarray, cues) -> dict[str, float]:
 # ----------------------------------------------------------------- commands
 def cmd_importance(args) -> int:
     model, metrics, ev = load_run(args.run_dir)
-    data = importance_split(metrics)
-    scores = head_importance(model, data.x_val, data.y_val)
+    x_score, y_score = scoring_data(run_dataset(metrics), args.split)
+    scores = head_importance(model, x_score, y_score)
     base_probs = predict(model, ev["x"])
     base = float((base_probs.argmax(-1) == ev["y"]).mean())
     rows = []
@@ -339,7 +397,13 @@ def cmd_importance(args) -> int:
             if cues is not None:
                 row["cue_accuracy_without"] = cue_accuracy(probs, ev["y"], cues)
             rows.append(row)
-    result = {"run": str(args.run_dir), "split": "validation", "test_accuracy": base, "heads": rows}
+    result = {
+        "run": str(args.run_dir),
+        "split": args.split,
+        "split_size": len(y_score),
+        "test_accuracy": base,
+        "heads": rows,
+    }
     if cues is not None:
         result["cue_accuracy"] = cue_accuracy(base_probs, ev["y"], cues)
     print(f"test accuracy with every head: {base:.4f}")
@@ -355,7 +419,7 @@ def cmd_importance(args) -> int:
     ax.bar(range(len(rows)), [r["importance"] for r in rows], color="tab:blue")
     ax.set_xticks(range(len(rows)), [f"L{r['layer']}H{r['head']}" for r in rows], rotation=90)
     ax.set_ylabel("importance (L2-normalised per layer)")
-    ax.set_title("Head importance, E|dL/d xi_h| on the validation split")
+    ax.set_title(f"Head importance, E|dL/d xi_h| on the {args.split} split")
     _save_png(fig, out / "importance.png")
     plt.close(fig)
     print(f"wrote {out / 'importance.json'} and {out / 'importance.png'}")
@@ -366,14 +430,15 @@ def cmd_curve(args) -> int:
     if not 0.0 < args.step < 1.0:
         raise UsageError(f"--step must be in (0, 1); got {args.step}")
     model, metrics, ev = load_run(args.run_dir)
-    data = importance_split(metrics)
-    points = pruning_curve(model, data.x_val, data.y_val, ev["x"], ev["y"], args.step)
+    x_score, y_score = scoring_data(run_dataset(metrics), args.split)
+    points = pruning_curve(model, x_score, y_score, ev["x"], ev["y"], args.step)
     print(f"{'pruned':>7} {'accuracy':>8}")
     for p in points:
         print(f"{p['fraction']:7.0%} {p['accuracy']:8.4f}")
     out = pathlib.Path(args.run_dir) / HEADS_DIR
     _atomic_write_json(
-        out / "curve.json", {"run": str(args.run_dir), "step": args.step, "points": points}
+        out / "curve.json",
+        {"run": str(args.run_dir), "step": args.step, "split": args.split, "points": points},
     )
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -400,9 +465,10 @@ def cmd_prune(args) -> int:
     if out.resolve() == src.resolve():
         raise UsageError(f"{out}: the output must differ from the source run")
     model, metrics, ev = load_run(src)
-    data = importance_split(metrics)
+    data = run_dataset(metrics)
     before = accuracy(model, ev["x"], ev["y"])
-    removed = select_heads_to_prune(model, data.x_val, data.y_val, args.fraction)
+    x_score, y_score = scoring_data(data, args.split)
+    removed = select_heads_to_prune(model, x_score, y_score, args.fraction)
     remove: dict[int, list[int]] = {}
     for layer, head in removed:
         remove.setdefault(layer, []).append(head)
@@ -410,37 +476,7 @@ def cmd_prune(args) -> int:
     after = accuracy(pruned, ev["x"], ev["y"])
     finetuned = None
     if args.finetune_epochs:
-        import keras
-
-        from keras_mha.train import shift_augment
-
-        training = metrics.get("training", {})
-        x_train, y_train = data.x_train, data.y_train
-        if training.get("shift_augment"):  # fine-tune on what the run trained on
-            x_train, y_train = shift_augment(x_train, y_train)
-        batch_size = int(training.get("batch_size", 32))
-        steps = args.finetune_epochs * -(-len(x_train) // batch_size)
-        pruned.compile(
-            optimizer=keras.optimizers.Adam(
-                keras.optimizers.schedules.CosineDecay(args.finetune_lr, steps)
-            ),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
-        keras.utils.set_random_seed(int(metrics.get("seed", 0)))
-        pruned.fit(
-            x_train,
-            y_train,
-            validation_data=(data.x_val, data.y_val),
-            epochs=args.finetune_epochs,
-            batch_size=batch_size,
-            verbose=0,
-            callbacks=[
-                keras.callbacks.EarlyStopping(
-                    monitor="val_loss", patience=5, restore_best_weights=True
-                )
-            ],
-        )
+        finetune(pruned, data, metrics, args.finetune_epochs, args.finetune_lr)
         finetuned = accuracy(pruned, ev["x"], ev["y"])
     probs = predict(pruned, ev["x"]).astype("float32")
     total = sum(heads_per_layer(model))
@@ -454,6 +490,7 @@ def cmd_prune(args) -> int:
         "pruning": {
             "source_run": str(src),
             "fraction_requested": args.fraction,
+            "importance_split": args.split,
             "heads_before": heads_per_layer(model),
             "heads_after": heads_per_layer(pruned),
             "removed": [list(p) for p in removed],
@@ -464,6 +501,7 @@ def cmd_prune(args) -> int:
             "test_accuracy_pruned": after,
             "test_accuracy_finetuned": finetuned,
             "finetune_epochs": args.finetune_epochs,
+            "finetune_learning_rate": args.finetune_lr if args.finetune_epochs else None,
         },
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -586,20 +624,35 @@ def cmd_plot(args) -> int:
 
 # ---------------------------------------------------------------------- CLI
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from keras_mha.cliutil import OneLineParser
+
+    parser = OneLineParser(
         prog="keras-mha-heads",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("importance", help="head importance and single-head ablation")
+    split = argparse.ArgumentParser(add_help=False)
+    split.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="validation",
+        help="non-test split the importance is averaged over (default: validation)",
+    )
+    p = sub.add_parser(
+        "importance", parents=[split], help="head importance and single-head ablation"
+    )
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_importance)
-    p = sub.add_parser("curve", help="accuracy against the fraction of heads pruned")
+    p = sub.add_parser(
+        "curve", parents=[split], help="accuracy against the fraction of heads pruned"
+    )
     p.add_argument("run_dir")
     p.add_argument("--step", type=float, default=0.1, help="fraction of all heads pruned per step")
     p.set_defaults(func=cmd_curve)
-    p = sub.add_parser("prune", help="remove the least important heads; write a new run")
+    p = sub.add_parser(
+        "prune", parents=[split], help="remove the least important heads; write a new run"
+    )
     p.add_argument("run_dir")
     p.add_argument(
         "--fraction", type=float, required=True, help="fraction of all heads to remove, in [0, 1)"

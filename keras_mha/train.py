@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from keras_mha import data as datasets
+from keras_mha.cliutil import OneLineParser, one_line
 from keras_mha.fsutil import swap_into_place
 from keras_mha.model import ModelConfig
 
@@ -218,7 +219,7 @@ def resolve_settings(
     try:
         config.validate()
     except ValueError as error:
-        raise UsageError(_one_line(error)) from None
+        raise UsageError(one_line(error)) from None
     return config, settings
 
 
@@ -252,7 +253,7 @@ def _train_into(
     from keras_mha.model import build_classifier, count_params, forward
 
     keras.utils.set_random_seed(config.seed)
-    with _op_determinism(deterministic):
+    with op_determinism(deterministic):
         strategy = _strategy(distribute)
         x_train, y_train = data.x_train, data.y_train
         if settings.shift_augment:
@@ -420,7 +421,7 @@ def _strategy(distribute: str | None):
 
 
 @contextlib.contextmanager
-def _op_determinism(enabled: bool):
+def op_determinism(enabled: bool):
     """Enable TensorFlow op determinism for a block, then restore the old state.
 
     TensorFlow has no public switch back, so the restore uses its internal
@@ -469,21 +470,11 @@ def _staging_dir(out: pathlib.Path, overwrite: bool) -> pathlib.Path:
         staging.chmod(0o777 & ~umask)  # a normal directory once renamed, not mkdtemp's 0o700
         return staging
     except OSError as error:
-        reason = error.strerror or _one_line(error)
+        reason = error.strerror or one_line(error)
         raise UsageError(f"Cannot write the run directory {out}: {reason}.") from None
 
 
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())
-
-
 # -------------------------------------------------------------------- CLI
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """Bad arguments: one line on stderr, exit status 2."""
-        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     presets = []
     for name, (model, settings) in PRESETS.items():
@@ -492,7 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"{name}: {sizes}; {settings.epochs} epochs, batch {settings.batch_size}, "
             f"learning rate {settings.learning_rate:g}, patience {settings.patience}"
         )
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description=__doc__.split("\n\n")[0],
         epilog="Defaults per dataset -- " + " | ".join(presets),
@@ -564,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             dropout=args.dropout,
         )
     except UsageError as error:
-        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
         return 2
     out = args.out or pathlib.Path(f"runs/{args.dataset}")
     summary = (

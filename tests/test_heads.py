@@ -141,6 +141,52 @@ def test_cli_importance_curve_prune_plot(digits_run, tmp_path, capsys):
     assert (run / "heads" / "heads_sample2.png").stat().st_size > 1000
 
 
+def test_importance_on_the_train_split(digits_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(digits_run, run)
+    assert heads.main(["importance", str(run), "--split", "train"]) == 0
+    on_train = json.loads((run / "heads" / "importance.json").read_text())
+    assert heads.main(["importance", str(run)]) == 0
+    on_val = json.loads((run / "heads" / "importance.json").read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (on_train["split"], on_val["split"]) == ("train", "validation")
+    sizes = metrics["samples"]
+    assert (on_train["split_size"], on_val["split_size"]) == (sizes["train"], sizes["validation"])
+    # Same model, other examples: other scores, same single-head ablations.
+    train_scores = [r["importance"] for r in on_train["heads"]]
+    val_scores = [r["importance"] for r in on_val["heads"]]
+    assert not np.allclose(train_scores, val_scores, atol=1e-4)
+    assert [r["accuracy_without"] for r in on_train["heads"]] == [
+        r["accuracy_without"] for r in on_val["heads"]
+    ]
+
+
+def test_finetuned_pruning_is_deterministic(digits_run, tmp_path):
+    argv = ["prune", str(digits_run), "--fraction", "0.5", "--finetune-epochs", "2"]
+    for name in ("a", "b"):
+        assert heads.main([*argv, "--out", str(tmp_path / name), "--split", "train"]) == 0
+    no_finetune = ["prune", str(digits_run), "--fraction", "0.5", "--split", "train"]
+    assert heads.main([*no_finetune, "--out", str(tmp_path / "c")]) == 0
+    removed = [
+        json.loads((tmp_path / n / "metrics.json").read_text())["pruning"]["removed"]
+        for n in ("a", "c")
+    ]
+    assert removed[0] == removed[1]  # same heads gone: only the fine-tune differs
+    with np.load(tmp_path / "a" / "eval.npz") as a, np.load(tmp_path / "b" / "eval.npz") as b:
+        np.testing.assert_array_equal(a["probs"], b["probs"])
+        with np.load(tmp_path / "c" / "eval.npz") as c:  # the fine-tune changed the model
+            assert np.abs(a["probs"] - c["probs"]).max() > 1e-3
+    pruning = json.loads((tmp_path / "a" / "metrics.json").read_text())["pruning"]
+    assert pruning["importance_split"] == "train"
+    assert pruning["finetune_epochs"] == 2 and pruning["finetune_learning_rate"] == 5e-4
+    assert (
+        pruning["test_accuracy_finetuned"]
+        == json.loads((tmp_path / "b" / "metrics.json").read_text())["pruning"][
+            "test_accuracy_finetuned"
+        ]
+    )
+
+
 @pytest.mark.slow
 def test_cli_bad_input(digits_run, tmp_path, capsys):
     def fails(argv, match):
@@ -151,6 +197,14 @@ def test_cli_bad_input(digits_run, tmp_path, capsys):
         assert match in err, err
 
     fails(["importance", str(tmp_path / "nope")], "not a run directory")
+    with pytest.raises(SystemExit) as usage:  # argparse: one line too
+        heads.main(["prune", str(digits_run)])
+    assert usage.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "required: --fraction, --out" in err, err
+    with pytest.raises(SystemExit):
+        heads.main(["importance", str(digits_run), "--split", "test"])
+    assert "invalid choice: 'test'" in capsys.readouterr().err
     fails(["prune", str(digits_run), "--fraction", "1.0", "--out", str(tmp_path / "o")], "[0, 1)")
     fails(["prune", str(digits_run), "--fraction", "-0.1", "--out", str(tmp_path / "o")], "[0, 1)")
     fails(
