@@ -9,10 +9,12 @@ TFLITE_VENV := .venv-edge-tflite
 RUN ?= runs/digits
 DATASET ?= digits
 QUANT ?= all
-FRACTION ?= 0.5
-FINETUNE ?= 5
+PRUNE_FRACTION ?= 0.5
+FINETUNE_EPOCHS ?= 5
+SPLIT ?= validation
+PRUNED ?= $(patsubst %/,%,$(RUN))_pruned
 
-.PHONY: install edge-venvs lint format test test-fast demo heads bench clean
+.PHONY: install edge-venvs lint format test test-fast demo heads heads-needs-run bench clean
 
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -53,14 +55,17 @@ demo: install edge-venvs
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
-# FRACTION of the heads removed and fine-tuned, exported and run on LiteRT.
-heads: install edge-venvs
-	@test -f $(RUN)/model.keras || { echo "make heads: $(RUN)/model.keras is missing; run make demo first" >&2; exit 2; }
-	$(PY) -m keras_mha.heads importance $(RUN)
-	$(PY) -m keras_mha.heads curve $(RUN)
-	$(PY) -m keras_mha.heads prune $(RUN) --fraction $(FRACTION) --finetune-epochs $(FINETUNE) --out $(RUN)_pruned --overwrite
-	$(PY) -m export $(RUN)_pruned --out $(RUN)_pruned/bundle --quant $(QUANT) --overwrite
-	$(EDGE_PY) -m edge_demo $(RUN)_pruned/bundle --json $(RUN)_pruned/edge_report.json
+# PRUNE_FRACTION of the heads removed and fine-tuned into PRUNED, exported and
+# run on LiteRT. SPLIT: the non-test split importance is averaged over.
+heads: heads-needs-run install edge-venvs
+	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
+	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT)
+	$(PY) -m keras_mha.heads prune $(RUN) --split $(SPLIT) --fraction $(PRUNE_FRACTION) --finetune-epochs $(FINETUNE_EPOCHS) --out $(PRUNED) --overwrite
+	$(PY) -m export $(PRUNED) --out $(PRUNED)/bundle --quant $(QUANT) --overwrite
+	$(EDGE_PY) -m edge_demo $(PRUNED)/bundle --json $(PRUNED)/edge_report.json
+
+heads-needs-run:
+	@test -f $(RUN)/model.keras || { echo "make heads: $(RUN)/model.keras is missing; run make demo RUN=$(RUN) DATASET=$(DATASET) first" >&2; exit 2; }
 
 bench: install edge-venvs
 	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json

@@ -1,4 +1,8 @@
-"""What the three commands share: one-line errors with exit status 2."""
+"""One-line usage errors with exit status 2, for keras-mha-train and keras-mha-heads.
+
+(keras-mha-export and the edge demo keep their own: neither may import
+keras_mha, and with it TensorFlow, before it is ready to.)
+"""
 
 from __future__ import annotations
 

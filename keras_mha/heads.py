@@ -3,7 +3,7 @@
     keras-mha-heads importance RUN_DIR [--split validation|train]
     keras-mha-heads curve RUN_DIR [--step 0.1] [--split validation|train]
     keras-mha-heads prune RUN_DIR --fraction F --out NEW_RUN_DIR [--finetune-epochs N]
-                          [--split validation|train]
+                          [--finetune-lr LR] [--split validation|train] [--overwrite]
     keras-mha-heads plot RUN_DIR --sample N
 
 Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
@@ -26,9 +26,11 @@ import os
 import pathlib
 import shutil
 import sys
-import tempfile
 
 import numpy as np
+
+from keras_mha.cliutil import one_line
+from keras_mha.fsutil import staging_dir, swap_into_place, write_json_atomic
 
 HEADS_DIR = "heads"
 
@@ -280,22 +282,28 @@ def _count(fraction: float, total: int) -> int:
 
 
 def select_heads_to_prune(model, x_score, y_score, fraction: float) -> list[tuple[int, int]]:
-    """The greedy selection of `pruning_curve`, up to round(fraction * heads)."""
+    """The greedy selection of `pruning_curve`, up to round(fraction * heads).
+
+    Importance is recomputed after every head; a layer's last head is never
+    a candidate, so a fraction is refused only if it needs more heads than
+    every layer but one head each.
+    """
     if not 0.0 <= fraction < 1.0:
         raise UsageError(f"--fraction must be in [0, 1); got {fraction}")
     gates = _gates(model)
     total = sum(len(g) for g in gates)
     target = _count(fraction, total)
+    if target > total - len(gates):
+        raise UsageError(
+            f"--fraction {fraction} removes {target} of {total} heads, which would leave a "
+            f"layer with no head (heads per layer: {[len(g) for g in gates]}; at most "
+            f"{total - len(gates)} can go)"
+        )
     pruned: list[tuple[int, int]] = []
     while len(pruned) < target:
         scores = head_importance(model, x_score, y_score, gates)
-        order = rank_heads(scores, gates)
-        layer, head = order[0]
-        if gates[layer].sum() <= 1:
-            raise UsageError(
-                f"--fraction {fraction} would leave layer {layer} with no head "
-                f"({total} heads in {len(gates)} layers: {[len(g) for g in gates]})"
-            )
+        candidates = [c for c in rank_heads(scores, gates) if gates[c[0]].sum() > 1]
+        layer, head = candidates[0]
         gates[layer][head] = 0.0
         pruned.append((layer, head))
     return pruned
@@ -308,7 +316,14 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
     batch size and seed; Adam with cosine decay from `learning_rate`; the
     weights of the epoch with the best validation loss are kept. Op
     determinism is on, so the same run and arguments give the same model.
+    Like `keras.utils.set_random_seed`, it reseeds Python, NumPy and the
+    backend for the whole process (with the run's seed).
     """
+    if epochs < 1 or learning_rate <= 0:
+        raise ValueError(
+            f"finetune needs epochs >= 1 and learning_rate > 0; "
+            f"got epochs={epochs}, learning_rate={learning_rate}"
+        )
     import keras
 
     from keras_mha.train import op_determinism, shift_augment
@@ -335,6 +350,8 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
             epochs=epochs,
             batch_size=batch_size,
             verbose=0,
+            # Never stops early (patience = epochs); used for its Keras 3
+            # behaviour of restoring the best epoch's weights at the end.
             callbacks=[
                 keras.callbacks.EarlyStopping(
                     monitor="val_loss", patience=epochs, restore_best_weights=True
@@ -345,13 +362,6 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
 
 
 # ------------------------------------------------------------------- output
-def _atomic_write_json(path: pathlib.Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        json.dump(data, f, indent=2)
-    os.replace(f.name, path)
-
-
 def _save_png(fig, path: pathlib.Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.png")
@@ -413,7 +423,7 @@ def cmd_importance(args) -> int:
             f"{r['layer']:5d} {r['head']:4d} {r['importance']:10.4f} {r['accuracy_without']:11.4f}"
         )
     out = pathlib.Path(args.run_dir) / HEADS_DIR
-    _atomic_write_json(out / "importance.json", result)
+    write_json_atomic(out / "importance.json", result)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(rows)), 3))
     ax.bar(range(len(rows)), [r["importance"] for r in rows], color="tab:blue")
@@ -432,11 +442,12 @@ def cmd_curve(args) -> int:
     model, metrics, ev = load_run(args.run_dir)
     x_score, y_score = scoring_data(run_dataset(metrics), args.split)
     points = pruning_curve(model, x_score, y_score, ev["x"], ev["y"], args.step)
+    print(f"test accuracy, importance on the {args.split} split")
     print(f"{'pruned':>7} {'accuracy':>8}")
     for p in points:
         print(f"{p['fraction']:7.0%} {p['accuracy']:8.4f}")
     out = pathlib.Path(args.run_dir) / HEADS_DIR
-    _atomic_write_json(
+    write_json_atomic(
         out / "curve.json",
         {"run": str(args.run_dir), "step": args.step, "split": args.split, "points": points},
     )
@@ -445,7 +456,7 @@ def cmd_curve(args) -> int:
     ax.plot([100 * p["fraction"] for p in points], [100 * p["accuracy"] for p in points], "o-")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Greedy importance-ordered pruning")
+    ax.set_title(f"Greedy importance-ordered pruning ({args.split} split)")
     ax.grid(alpha=0.3)
     _save_png(fig, out / "curve.png")
     plt.close(fig)
@@ -458,6 +469,8 @@ def cmd_prune(args) -> int:
         raise UsageError(f"--fraction must be in [0, 1); got {args.fraction}")
     if args.finetune_epochs < 0:
         raise UsageError(f"--finetune-epochs must be >= 0; got {args.finetune_epochs}")
+    if not args.finetune_lr > 0:
+        raise UsageError(f"--finetune-lr must be > 0; got {args.finetune_lr}")
     src = pathlib.Path(args.run_dir)
     out = pathlib.Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
@@ -504,8 +517,7 @@ def cmd_prune(args) -> int:
             "finetune_learning_rate": args.finetune_lr if args.finetune_epochs else None,
         },
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    tmp = staging_dir(out)
     try:
         pruned.save(tmp / "model.keras")
         np.savez(tmp / "eval.npz", **{**ev, "probs": probs})
@@ -513,8 +525,6 @@ def cmd_prune(args) -> int:
             if (src / name).exists():
                 shutil.copy2(src / name, tmp / name)
         (tmp / "metrics.json").write_text(json.dumps(new_metrics, indent=2))
-        from keras_mha.fsutil import swap_into_place
-
         swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -658,9 +668,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--fraction", type=float, required=True, help="fraction of all heads to remove, in [0, 1)"
     )
     p.add_argument("--out", required=True, help="new run directory")
-    p.add_argument("--finetune-epochs", type=int, default=0)
-    p.add_argument("--finetune-lr", type=float, default=5e-4)
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--finetune-epochs",
+        type=int,
+        default=0,
+        help="epochs of training after pruning, best validation loss kept (default 0: none)",
+    )
+    p.add_argument(
+        "--finetune-lr", type=float, default=5e-4, help="fine-tune learning rate (default 5e-4)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.set_defaults(func=cmd_prune)
     p = sub.add_parser("plot", help="attention map of every head for one input")
     p.add_argument("run_dir")
@@ -676,10 +693,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as e:
-        print(f"keras-mha-heads: error: {e}", file=sys.stderr)
+        print(f"keras-mha-heads: error: {one_line(e)}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"keras-mha-heads: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        reason = one_line(e.strerror or e)
+        print(f"keras-mha-heads: error: {e.filename or ''}: {reason}", file=sys.stderr)
         return 2
 
 

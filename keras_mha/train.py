@@ -22,14 +22,13 @@ import pathlib
 import platform
 import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from keras_mha import data as datasets
 from keras_mha.cliutil import OneLineParser, one_line
-from keras_mha.fsutil import swap_into_place
+from keras_mha.fsutil import staging_dir, swap_into_place
 from keras_mha.model import ModelConfig
 
 DISTRIBUTE = ("mirrored",)
@@ -461,14 +460,7 @@ def _staging_dir(out: pathlib.Path, overwrite: bool) -> pathlib.Path:
                 "(no metrics.json or model.keras)."
             )
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = pathlib.Path(
-            tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        )
-        umask = os.umask(0o022)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # a normal directory once renamed, not mkdtemp's 0o700
-        return staging
+        return staging_dir(out)
     except OSError as error:
         reason = error.strerror or one_line(error)
         raise UsageError(f"Cannot write the run directory {out}: {reason}.") from None

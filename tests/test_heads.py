@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -141,50 +144,74 @@ def test_cli_importance_curve_prune_plot(digits_run, tmp_path, capsys):
     assert (run / "heads" / "heads_sample2.png").stat().st_size > 1000
 
 
-def test_importance_on_the_train_split(digits_run, tmp_path):
+@pytest.fixture(scope="module")
+def augmented_run(tmp_path_factory):
+    """A short digits run with dropout and the shifted copies, for the fine-tune paths."""
+    from keras_mha.train import train
+
+    out = tmp_path_factory.mktemp("augmented") / "run"
+    options = dict(d_model=16, num_heads=2, num_layers=1, ff_dim=32, pooling="mean")
+    train("digits", out, epochs=3, shift_augment=True, dropout=0.1, verbose=0, **options)
+    return out
+
+
+@pytest.mark.slow
+def test_importance_and_curve_on_the_train_split(augmented_run, tmp_path):
     run = tmp_path / "run"
-    shutil.copytree(digits_run, run)
+    shutil.copytree(augmented_run, run)
     assert heads.main(["importance", str(run), "--split", "train"]) == 0
     on_train = json.loads((run / "heads" / "importance.json").read_text())
     assert heads.main(["importance", str(run)]) == 0
     on_val = json.loads((run / "heads" / "importance.json").read_text())
-    metrics = json.loads((run / "metrics.json").read_text())
+    sizes = json.loads((run / "metrics.json").read_text())["samples"]
     assert (on_train["split"], on_val["split"]) == ("train", "validation")
-    sizes = metrics["samples"]
+    # The training split as drawn, not the 5x larger augmented set.
+    assert sizes["train_augmented"] == 5 * sizes["train"]
     assert (on_train["split_size"], on_val["split_size"]) == (sizes["train"], sizes["validation"])
-    # Same model, other examples: other scores, same single-head ablations.
     train_scores = [r["importance"] for r in on_train["heads"]]
     val_scores = [r["importance"] for r in on_val["heads"]]
     assert not np.allclose(train_scores, val_scores, atol=1e-4)
-    assert [r["accuracy_without"] for r in on_train["heads"]] == [
-        r["accuracy_without"] for r in on_val["heads"]
-    ]
+    # Files a user can share: a normal file's mode, not a temp file's 0600.
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (run / "heads" / "importance.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+    assert heads.main(["curve", str(run), "--split", "train", "--step", "0.5"]) == 0
+    curve = json.loads((run / "heads" / "curve.json").read_text())
+    assert curve["split"] == "train"
+    assert curve["points"][0]["accuracy"] == pytest.approx(on_train["test_accuracy"])
 
 
-def test_finetuned_pruning_is_deterministic(digits_run, tmp_path):
-    argv = ["prune", str(digits_run), "--fraction", "0.5", "--finetune-epochs", "2"]
-    for name in ("a", "b"):
-        assert heads.main([*argv, "--out", str(tmp_path / name), "--split", "train"]) == 0
-    no_finetune = ["prune", str(digits_run), "--fraction", "0.5", "--split", "train"]
-    assert heads.main([*no_finetune, "--out", str(tmp_path / "c")]) == 0
-    removed = [
-        json.loads((tmp_path / n / "metrics.json").read_text())["pruning"]["removed"]
-        for n in ("a", "c")
-    ]
-    assert removed[0] == removed[1]  # same heads gone: only the fine-tune differs
+@pytest.mark.slow
+def test_finetuned_pruning_is_deterministic_across_processes(augmented_run, tmp_path):
+    argv = ["prune", str(augmented_run), "--fraction", "0.5", "--split", "train"]
+    finetune = ["--finetune-epochs", "2"]
+    assert heads.main([*argv, *finetune, "--out", str(tmp_path / "a")]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_mha.heads", *argv, *finetune, "--out", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert heads.main([*argv, "--out", str(tmp_path / "c")]) == 0  # no fine-tune
+    pruning = [json.loads((tmp_path / n / "metrics.json").read_text())["pruning"] for n in "abc"]
+    assert pruning[0]["removed"] == pruning[1]["removed"] == pruning[2]["removed"]
     with np.load(tmp_path / "a" / "eval.npz") as a, np.load(tmp_path / "b" / "eval.npz") as b:
         np.testing.assert_array_equal(a["probs"], b["probs"])
         with np.load(tmp_path / "c" / "eval.npz") as c:  # the fine-tune changed the model
             assert np.abs(a["probs"] - c["probs"]).max() > 1e-3
-    pruning = json.loads((tmp_path / "a" / "metrics.json").read_text())["pruning"]
-    assert pruning["importance_split"] == "train"
-    assert pruning["finetune_epochs"] == 2 and pruning["finetune_learning_rate"] == 5e-4
-    assert (
-        pruning["test_accuracy_finetuned"]
-        == json.loads((tmp_path / "b" / "metrics.json").read_text())["pruning"][
-            "test_accuracy_finetuned"
-        ]
-    )
+    assert pruning[0]["importance_split"] == "train"
+    assert pruning[0]["finetune_epochs"] == 2 and pruning[0]["finetune_learning_rate"] == 5e-4
+    assert pruning[0]["test_accuracy_finetuned"] == pruning[1]["test_accuracy_finetuned"]
+    assert pruning[2]["test_accuracy_finetuned"] is None
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "a").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_finetune_refuses_no_epochs():
+    with pytest.raises(ValueError, match="epochs >= 1"):
+        heads.finetune(None, None, {}, epochs=0)
 
 
 @pytest.mark.slow
@@ -202,14 +229,20 @@ def test_cli_bad_input(digits_run, tmp_path, capsys):
     assert usage.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "required: --fraction, --out" in err, err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as usage:
         heads.main(["importance", str(digits_run), "--split", "test"])
-    assert "invalid choice: 'test'" in capsys.readouterr().err
+    assert usage.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "invalid choice: 'test'" in err, err
+    fails(
+        ["prune", str(digits_run), "--fraction", "0.5", "--finetune-lr", "0", "--out", "o"],
+        "--finetune-lr must be > 0",
+    )
     fails(["prune", str(digits_run), "--fraction", "1.0", "--out", str(tmp_path / "o")], "[0, 1)")
     fails(["prune", str(digits_run), "--fraction", "-0.1", "--out", str(tmp_path / "o")], "[0, 1)")
     fails(
         ["prune", str(digits_run), "--fraction", "0.9", "--out", str(tmp_path / "o")],
-        "would leave layer 0 with no head",
+        "removes 2 of 2 heads, which would leave a layer with no head",
     )
     assert not (tmp_path / "o").exists()
     assert not list(tmp_path.glob(".o.*"))  # no half-written temp dir left

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from keras_mha import data, train
+from keras_mha import data, fsutil, train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN_FILES = {
@@ -299,7 +299,7 @@ def test_permission_denied(tmp_path, capsys, monkeypatch):
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(train.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(fsutil.tempfile, "mkdtemp", denied)
     status = _main(["--out", str(tmp_path / "run")])
     assert_one_line_error(
         status, capsys.readouterr().err, r"Cannot write the run directory .*: Permission denied"
