@@ -309,6 +309,37 @@ def select_heads_to_prune(model, x_score, y_score, fraction: float) -> list[tupl
     return pruned
 
 
+def paired_drop(
+    correct_before: np.ndarray, correct_after: np.ndarray, resamples: int = 10_000, seed: int = 0
+) -> dict:
+    """How much accuracy a change cost on one test set, and how sure that is.
+
+    `correct_*` are per-example booleans on the same examples. Returns the
+    drop in percentage points, the examples `lost` (right before, wrong
+    after) and `gained`, and a 95 % paired bootstrap interval of the drop:
+    the examples are resampled with replacement, the same draw for both.
+    """
+    before = np.asarray(correct_before, bool)
+    after = np.asarray(correct_after, bool)
+    if before.shape != after.shape or before.ndim != 1 or not len(before):
+        raise ValueError(
+            "paired_drop needs two 1-D boolean arrays of the same, non-zero length; "
+            f"got shapes {before.shape} and {after.shape}"
+        )
+    diff = before.astype("float64") - after.astype("float64")
+    picks = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
+    drops = 100.0 * diff[picks].mean(axis=1)
+    low, high = np.percentile(drops, [2.5, 97.5])
+    return {
+        "points": float(100.0 * diff.mean()),
+        "lost": int((before & ~after).sum()),
+        "gained": int((~before & after).sum()),
+        "examples": len(diff),
+        "ci95_points": [float(low), float(high)],
+        "resamples": resamples,
+    }
+
+
 def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 5e-4):
     """Train a pruned model a little more, the way its run was trained.
 
@@ -479,7 +510,8 @@ def cmd_prune(args) -> int:
         raise UsageError(f"{out}: the output must differ from the source run")
     model, metrics, ev = load_run(src)
     data = run_dataset(metrics)
-    before = accuracy(model, ev["x"], ev["y"])
+    correct_before = predict(model, ev["x"]).argmax(-1) == ev["y"]
+    before = float(correct_before.mean())
     x_score, y_score = scoring_data(data, args.split)
     removed = select_heads_to_prune(model, x_score, y_score, args.fraction)
     remove: dict[int, list[int]] = {}
@@ -492,6 +524,7 @@ def cmd_prune(args) -> int:
         finetune(pruned, data, metrics, args.finetune_epochs, args.finetune_lr)
         finetuned = accuracy(pruned, ev["x"], ev["y"])
     probs = predict(pruned, ev["x"]).astype("float32")
+    drop = paired_drop(correct_before, probs.argmax(-1) == ev["y"])
     total = sum(heads_per_layer(model))
     from keras_mha.model import count_params
 
@@ -515,6 +548,7 @@ def cmd_prune(args) -> int:
             "test_accuracy_finetuned": finetuned,
             "finetune_epochs": args.finetune_epochs,
             "finetune_learning_rate": args.finetune_lr if args.finetune_epochs else None,
+            "test_drop": drop,
         },
     }
     tmp = staging_dir(out)
@@ -538,6 +572,12 @@ def cmd_prune(args) -> int:
     if finetuned is not None:
         line += f" -> {finetuned:.4f} after {args.finetune_epochs} fine-tune epochs"
     print(line)
+    low, high = drop["ci95_points"]
+    print(
+        f"drop {drop['points']:.2f} points (test examples lost/gained: {drop['lost']}/"
+        f"{drop['gained']} of {drop['examples']}); 95 % paired bootstrap interval "
+        f"{low:.2f} to {high:.2f} points"
+    )
     print(f"wrote {out}")
     return 0
 

@@ -204,9 +204,34 @@ def test_finetuned_pruning_is_deterministic_across_processes(augmented_run, tmp_
     assert pruning[0]["finetune_epochs"] == 2 and pruning[0]["finetune_learning_rate"] == 5e-4
     assert pruning[0]["test_accuracy_finetuned"] == pruning[1]["test_accuracy_finetuned"]
     assert pruning[2]["test_accuracy_finetuned"] is None
+    drop = pruning[0]["test_drop"]  # of the fine-tuned model against the source run
+    expected = 100 * (pruning[0]["test_accuracy_before"] - pruning[0]["test_accuracy_finetuned"])
+    assert drop["points"] == pytest.approx(expected, abs=1e-9)
+    assert drop["lost"] - drop["gained"] == round(expected * drop["examples"] / 100)
+    assert drop["ci95_points"][0] <= drop["points"] <= drop["ci95_points"][1]
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "a").stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_paired_drop_counts_and_bootstraps():
+    before = np.array([True] * 90 + [False] * 10)
+    after = before.copy()
+    after[:4] = False  # 4 lost
+    after[95] = True  # 1 gained
+    drop = heads.paired_drop(before, after)
+    assert drop["points"] == pytest.approx(3.0)
+    assert (drop["lost"], drop["gained"], drop["examples"]) == (4, 1, 100)
+    low, high = drop["ci95_points"]
+    # Normal approximation: sd of the mean difference = sqrt((0.05 - 0.03**2) / 100).
+    half = 1.96 * 100 * np.sqrt((0.05 - 0.03**2) / 100)  # 4.3 points
+    assert low == pytest.approx(3.0 - half, abs=1.0) and high == pytest.approx(3.0 + half, abs=1.0)
+    assert low < 0.0  # 4 lost against 1 gained of 100 is not enough to call it a drop
+    assert heads.paired_drop(before, after) == drop  # seeded
+    same = heads.paired_drop(before, before)
+    assert (same["points"], same["ci95_points"]) == (0.0, [0.0, 0.0])
+    with pytest.raises(ValueError, match="same, non-zero length"):
+        heads.paired_drop(before, after[:-1])
 
 
 def test_finetune_refuses_no_epochs():
