@@ -10,8 +10,8 @@ RUN ?= runs/digits
 DATASET ?= digits
 QUANT ?= all
 PRUNE_FRACTION ?= 0.5
-FINETUNE_EPOCHS ?= 5
-SPLIT ?= validation
+FINETUNE_EPOCHS ?= 0
+SPLIT ?= train
 PRUNED ?= $(patsubst %/,%,$(RUN))_pruned
 
 .PHONY: install edge-venvs lint format test test-fast demo heads heads-needs-run bench clean
@@ -55,8 +55,9 @@ demo: install edge-venvs
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
-# PRUNE_FRACTION of the heads removed and fine-tuned into PRUNED, exported and
-# run on LiteRT. SPLIT: the non-test split importance is averaged over.
+# PRUNE_FRACTION of the heads removed, the rest refit by least squares
+# (FINETUNE_EPOCHS of training after it, 0: none) into PRUNED, exported and run
+# on LiteRT. SPLIT: the non-test split importance is averaged over.
 heads: heads-needs-run install edge-venvs
 	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
 	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT)

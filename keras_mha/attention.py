@@ -70,6 +70,8 @@ class MultiHeadAttention(keras.layers.Layer):
     | `output_bias`    | `(d_out,)`          | `b^O`         |
 
     `head_weights(i)` returns head `i`'s matrices as numpy arrays.
+    `concat_heads(query, ...)` returns Concat(head_1, ..., head_h), the
+    `(B, T, h * d_v)` tensor that W^O multiplies.
 
     Args:
         num_heads: Number of attention heads `h`.
@@ -294,6 +296,47 @@ class MultiHeadAttention(keras.layers.Layer):
         training=None,
         head_mask=None,
     ):
+        query, key, value, mask = self._inputs_and_mask(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
+        )
+        output, scores = self._attend(query, key, value, mask, training, head_mask)
+        if return_attention_scores:
+            return output, scores
+        return output
+
+    def concat_heads(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        head_mask=None,
+    ):
+        """Concat(head_1, ..., head_h) before W^O: `(B, T, h * d_v)`.
+
+        Head `i` fills columns `i*d_v:(i+1)*d_v`; the layer's output is this
+        times `output_kernel` plus `output_bias`. Arguments as for `call`
+        (inference: no dropout). Used to refit W^O after pruning.
+        """
+        query, key, value, mask = self._inputs_and_mask(
+            query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
+        )
+        concat, _ = self._attend(query, key, value, mask, False, head_mask, project=False)
+        return concat
+
+    def _attend(self, *args, **kwargs):
+        if self.implementation == "per_head":
+            return self._per_head_attention(*args, **kwargs)
+        return self._fused_attention(*args, **kwargs)
+
+    def _inputs_and_mask(
+        self, query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
+    ):
+        """(query, key, value, mask): defaults filled in, mask `(B, 1, T, S)` or None."""
         if query_mask is None:
             # Keras fills `<arg>_mask` only when several tensors are passed.
             query_mask = _get_keras_mask(query)
@@ -316,13 +359,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         if mask is not None:
             mask = ops.expand_dims(mask, axis=1)  # (B, 1, T, S): every head
-        attend = (
-            self._per_head_attention if self.implementation == "per_head" else self._fused_attention
-        )
-        output, scores = attend(query, key, value, mask, training, head_mask)
-        if return_attention_scores:
-            return output, scores
-        return output
+        return query, key, value, mask
 
     def _scaled_dot_product_attention(self, q, k, v, mask, training):
         """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one or all heads.
@@ -352,7 +389,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # A query row with nothing to attend to gets zeros, as in Keras.
         return ops.where(mask, weights, ops.zeros_like(weights))
 
-    def _per_head_attention(self, query, key, value, mask, training, head_mask):
+    def _per_head_attention(self, query, key, value, mask, training, head_mask, project=True):
         """The lesson, line by line: each head on its own, then Concat, W^O."""
         heads, head_scores = [], []
         for i in range(self.num_heads):
@@ -373,12 +410,14 @@ class MultiHeadAttention(keras.layers.Layer):
             head_scores.append(weights_i)
         # re-assemble all head outputs side by side: Concat(head_1..head_h)
         concat = ops.concatenate(heads, axis=-1)  # [B, T, h * d_v]
+        if not project:
+            return concat, ops.stack(head_scores, axis=1)
         output = ops.matmul(concat, self.output_kernel)  # Concat(...) W^O
         if self.use_bias:
             output = output + self.output_bias
         return output, ops.stack(head_scores, axis=1)  # [B, T, d_out], [B, h, T, S]
 
-    def _fused_attention(self, query, key, value, mask, training, head_mask):
+    def _fused_attention(self, query, key, value, mask, training, head_mask, project=True):
         """All heads in one batched contraction, from the same weights.
 
         Head i's W_i^Q sits in columns i*d_k:(i+1)*d_k of one (d_model, h*d_k)
@@ -396,6 +435,8 @@ class MultiHeadAttention(keras.layers.Layer):
         # re-assemble all head outputs side by side: Concat(head_1..head_h)
         heads = ops.transpose(heads, (0, 2, 1, 3))  # [B, T, h, d_v]
         concat = ops.reshape(heads, (-1, self._length(query), h * d_v))  # [B, T, h * d_v]
+        if not project:
+            return concat, weights
         output = ops.matmul(concat, self.output_kernel)  # Concat(...) W^O
         if self.use_bias:
             output = output + self.output_bias

@@ -226,6 +226,41 @@ def test_per_head_equals_fused(causal):
     assert np.abs(np.asarray(a)).max() > 0.1  # not trivially zero
 
 
+@pytest.mark.parametrize("implementation", ["fused", "per_head"])
+def test_concat_heads_is_what_w_o_multiplies(implementation):
+    layer = MultiHeadAttention(
+        num_heads=4, implementation=implementation, bias_initializer="random_normal"
+    )
+    q, v = randn(3, 6, 16, seed=20), randn(3, 8, 12, seed=21)
+    mask = np.random.default_rng(22).random((3, 6, 8)) > 0.3
+    out = np.asarray(layer(q, v, attention_mask=mask, use_causal_mask=True))
+    concat = np.asarray(layer.concat_heads(q, v, attention_mask=mask, use_causal_mask=True))
+    assert concat.shape == (3, 6, 4 * layer.d_v)
+    w_o, b_o = np.asarray(layer.output_kernel), np.asarray(layer.output_bias)
+    np.testing.assert_allclose(concat @ w_o + b_o, out, atol=1e-5)
+    # Head i fills columns i*d_v:(i+1)*d_v: the lesson's numpy head 2, and
+    # nothing else when only head 2 is on.
+    w = layer.head_weights(2)
+    allowed = np.tril(np.ones((6, 8), bool))[None] & mask
+    scores = (
+        (q @ w["query_kernel"] + w["query_bias"])
+        @ (v @ w["key_kernel"] + w["key_bias"]).transpose(0, 2, 1)
+        / np.sqrt(layer.d_k)
+    )
+    # A row with nothing allowed gets zero weights, as in Keras.
+    weights = softmax(np.where(allowed, scores, -1e9)) * allowed
+    head_2 = weights @ (v @ w["value_kernel"] + w["value_bias"])
+    d_v = layer.d_v
+    np.testing.assert_allclose(concat[..., 2 * d_v : 3 * d_v], head_2, atol=1e-5)
+    only_2 = np.asarray(
+        layer.concat_heads(
+            q, v, attention_mask=mask, use_causal_mask=True, head_mask=np.eye(4, dtype="float32")[2]
+        )
+    )
+    np.testing.assert_allclose(only_2[..., 2 * d_v : 3 * d_v], head_2, atol=1e-5)
+    assert np.abs(np.delete(only_2, np.s_[2 * d_v : 3 * d_v], axis=-1)).max() == 0.0
+
+
 def test_gradients_reach_every_head_and_w_o():
     import tensorflow as tf
 
