@@ -12,6 +12,7 @@ QUANT ?= all
 PRUNE_FRACTION ?= 0.5
 FINETUNE_EPOCHS ?= 0
 SPLIT ?= train
+RECONSTRUCT ?= --reconstruct
 PRUNED ?= $(patsubst %/,%,$(RUN))_pruned
 
 .PHONY: install edge-venvs lint format test test-fast demo heads heads-needs-run bench clean
@@ -57,11 +58,12 @@ demo: install edge-venvs
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
 # PRUNE_FRACTION of the heads removed, the rest refit by least squares
 # (FINETUNE_EPOCHS of training after it, 0: none) into PRUNED, exported and run
-# on LiteRT. SPLIT: the non-test split importance is averaged over.
+# on LiteRT. SPLIT: the non-test split importance is averaged over;
+# RECONSTRUCT=--no-reconstruct skips the refit.
 heads: heads-needs-run install edge-venvs
 	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
-	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT)
-	$(PY) -m keras_mha.heads prune $(RUN) --split $(SPLIT) --fraction $(PRUNE_FRACTION) --finetune-epochs $(FINETUNE_EPOCHS) --out $(PRUNED) --overwrite
+	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT) $(RECONSTRUCT)
+	$(PY) -m keras_mha.heads prune $(RUN) --split $(SPLIT) $(RECONSTRUCT) --fraction $(PRUNE_FRACTION) --finetune-epochs $(FINETUNE_EPOCHS) --out $(PRUNED) --overwrite
 	$(PY) -m export $(PRUNED) --out $(PRUNED)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(PRUNED)/bundle --json $(PRUNED)/edge_report.json
 

@@ -320,8 +320,20 @@ class MultiHeadAttention(keras.layers.Layer):
 
         Head `i` fills columns `i*d_v:(i+1)*d_v`; the layer's output is this
         times `output_kernel` plus `output_bias`. Arguments as for `call`
-        (inference: no dropout). Used to refit W^O after pruning.
+        (inference: no dropout), masks carried by the inputs included. A
+        plain method, not a Keras call: it computes in the weights' dtype
+        (float32 under a mixed-precision policy). Used to refit W^O after
+        pruning.
         """
+        self._require_built("concat_heads")
+        masks = [query_mask, value_mask, key_mask]
+        tensors = [query, value, key]
+        for i, x in enumerate(tensors):
+            if x is not None:
+                masks[i] = masks[i] if masks[i] is not None else _get_keras_mask(x)
+                tensors[i] = ops.cast(x, self.variable_dtype)
+        query, value, key = tensors
+        query_mask, value_mask, key_mask = masks
         query, key, value, mask = self._inputs_and_mask(
             query, value, key, query_mask, value_mask, key_mask, attention_mask, use_causal_mask
         )

@@ -14,13 +14,14 @@ Better than One?": each head h gets a gate xi_h on its output (1 = on), and
 
 over a split that is not the test split (the run's training split before
 augmentation by default, `--split validation` for its validation split: on
-digits 1,293 examples against 144), normalised per layer by the L2 norm. Pruning removes a head's W_i^Q, W_i^K,
-W_i^V, biases and its rows of W^O (`MultiHeadAttention.pruned`); the pruned
-model equals the original with those gates at 0.
+digits 1,293 examples against 144), normalised per layer by the L2 norm.
+Pruning removes a head's W_i^Q, W_i^K, W_i^V, biases and its rows of W^O
+(`MultiHeadAttention.pruned`); the pruned model equals the original with
+those gates at 0.
 
 Then, unless `--no-reconstruct`, the maps after the removed heads (W^O, the
 FFN's output Dense, the classifier) are refit by least squares so that the
-smaller model's activations follow the original's on the training split
+smaller model's activations are fit to the original's on the training split
 (`reconstruct`; no labels, no gradient steps), and `--finetune-epochs`
 trains it further.
 """
@@ -274,8 +275,11 @@ def trace(model, x: np.ndarray, batch_size: int = 256) -> dict:
 def _refit(kernel, bias, inputs, targets, rows, ridge: float) -> None:
     """kernel, bias <- the least-squares map from `inputs` to `targets`.
 
-    Minimises ||inputs W + b - targets||^2 over `rows` (None: all) plus
-    ridge * n * ||[W; b] - [W_now; b_now]||^2, in closed form (float64).
+    Minimises ||A [W; b] - targets||^2 over `rows` (None: all), A the inputs
+    with a column of ones, plus sum_j lam_j ||row j of [W; b] - its current
+    value||^2, in closed form (float64). lam_j = `ridge` * (A^T A)_jj: each
+    input's pull is relative to its own energy, so rescaling an input does
+    not change the fit, and an input that is always 0 keeps its weights.
     """
     from keras import ops
 
@@ -287,14 +291,23 @@ def _refit(kernel, bias, inputs, targets, rows, ridge: float) -> None:
     if bias is not None:
         a = np.concatenate([a, np.ones((len(a), 1))], axis=1)
         w_now = np.concatenate([w_now, ops.convert_to_numpy(bias)[None].astype("float64")])
-    lam = ridge * len(a)
-    w = np.linalg.solve(a.T @ a + lam * np.eye(a.shape[1]), a.T @ y + lam * w_now)
+    gram = a.T @ a
+    energy = np.diag(gram)
+    lam = ridge * np.maximum(energy, 1e-12 * energy.max())
+    w = np.linalg.solve(gram + np.diag(lam), a.T @ y + lam[:, None] * w_now)
     kernel.assign(w[: kernel.shape[0]].astype("float32"))
     if bias is not None:
         bias.assign(w[-1].astype("float32"))
 
 
-def reconstruct(original, pruned, x: np.ndarray, ridge: float = RIDGE, batch_size: int = 256):
+def reconstruct(
+    original,
+    pruned,
+    x: np.ndarray,
+    ridge: float = RIDGE,
+    batch_size: int = 256,
+    teacher: dict | None = None,
+):
     """Refit the pruned model's linear maps so its activations follow the original's.
 
     Without labels, on examples `x` (a training split), layer by layer in
@@ -308,9 +321,10 @@ def reconstruct(original, pruned, x: np.ndarray, ridge: float = RIDGE, batch_siz
 
     so that what enters each LayerNorm matches, drift from earlier layers
     included; then the classifier, to the original's logits. Padded tokens
-    are left out. `ridge` pulls each map towards its current weights, so a
-    map whose inputs did not change keeps them. Modifies `pruned` in place
-    and returns it.
+    are left out. `ridge` (relative to each input's scale, see `_refit`)
+    pulls each map towards its current weights, so a map whose inputs did
+    not change keeps them. `teacher`: `trace(original, x)` if already made.
+    Modifies `pruned` in place and returns it.
     """
     from keras_mha.model import encoder_blocks
 
@@ -320,7 +334,7 @@ def reconstruct(original, pruned, x: np.ndarray, ridge: float = RIDGE, batch_siz
             "reconstruct needs the pruned model of `original` (same blocks); got "
             f"{len(blocks)} and {len(encoder_blocks(original))} blocks"
         )
-    teacher = trace(original, x, batch_size)
+    teacher = teacher if teacher is not None else trace(original, x, batch_size)
     rows = teacher["mask"].reshape(-1)
     for i, block in enumerate(blocks):
         t = teacher["blocks"][i]
@@ -391,6 +405,7 @@ def pruning_curve(
     """
     gates = _gates(model)
     total = sum(len(g) for g in gates)
+    teacher = None if x_reconstruct is None else trace(model, x_reconstruct)
 
     def point(pruned: list[tuple[int, int]]) -> dict:
         result = {
@@ -402,7 +417,8 @@ def pruning_curve(
             remove: dict[int, list[int]] = {}
             for layer, head in pruned:
                 remove.setdefault(layer, []).append(head)
-            smaller = reconstruct(model, prune_model(model, remove), x_reconstruct)
+            smaller = prune_model(model, remove)
+            reconstruct(model, smaller, x_reconstruct, teacher=teacher)
             result["accuracy_reconstructed"] = accuracy(smaller, x_test, y_test)
         return result
 
@@ -496,11 +512,15 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
     """Train a pruned model a little more, the way its run was trained.
 
     Same training data (with the run's shifted copies when it used them),
-    batch size and seed; Adam with cosine decay from `learning_rate`; the
-    weights of the epoch with the best validation loss are kept. Op
-    determinism is on, so the same run and arguments give the same model.
-    Like `keras.utils.set_random_seed`, it reseeds Python, NumPy and the
-    backend for the whole process (with the run's seed).
+    batch size and seed; Adam with cosine decay from `learning_rate`. The
+    weights with the lowest validation loss are kept, the starting ones
+    included: if no epoch beats the model as it came in, it is left as it
+    was. Op determinism is on, so the same run and arguments give the same
+    model. Like `keras.utils.set_random_seed`, it reseeds Python, NumPy and
+    the backend for the whole process (with the run's seed).
+
+    Returns `{"start_val_loss", "best_val_loss", "best_epoch", "kept"}`:
+    `best_epoch` is 0 and `kept` False when the starting weights won.
     """
     if epochs < 1 or learning_rate <= 0:
         raise ValueError(
@@ -526,7 +546,11 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
     )
     keras.utils.set_random_seed(int(metrics.get("seed", 0)))
     with op_determinism(True):
-        model.fit(
+        start_weights = model.get_weights()
+        start_loss = float(
+            model.evaluate(dataset.x_val, dataset.y_val, batch_size=batch_size, verbose=0)[0]
+        )
+        history = model.fit(
             x_train,
             y_train,
             validation_data=(dataset.x_val, dataset.y_val),
@@ -541,7 +565,17 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
                 )
             ],
         )
-    return model
+    losses = [float(v) for v in history.history["val_loss"]]
+    best = min(range(len(losses)), key=losses.__getitem__)
+    kept = losses[best] < start_loss
+    if not kept:
+        model.set_weights(start_weights)
+    return {
+        "start_val_loss": start_loss,
+        "best_val_loss": losses[best] if kept else start_loss,
+        "best_epoch": best + 1 if kept else 0,
+        "kept": kept,
+    }
 
 
 # ------------------------------------------------------------------- output
@@ -701,9 +735,9 @@ def cmd_prune(args) -> int:
     if args.reconstruct:
         reconstruct(model, pruned, data.x_train)
         reconstructed = accuracy(pruned, ev["x"], ev["y"])
-    finetuned = None
+    finetuned = finetuned_with = None
     if args.finetune_epochs:
-        finetune(pruned, data, metrics, args.finetune_epochs, args.finetune_lr)
+        finetuned_with = finetune(pruned, data, metrics, args.finetune_epochs, args.finetune_lr)
         finetuned = accuracy(pruned, ev["x"], ev["y"])
     probs = predict(pruned, ev["x"]).astype("float32")
     drop = paired_drop(correct_before, probs.argmax(-1) == ev["y"])
@@ -732,6 +766,7 @@ def cmd_prune(args) -> int:
             "test_accuracy_finetuned": finetuned,
             "finetune_epochs": args.finetune_epochs,
             "finetune_learning_rate": args.finetune_lr if args.finetune_epochs else None,
+            "finetune": finetuned_with,
             "test_drop": drop,
         },
     }
@@ -750,13 +785,16 @@ def cmd_prune(args) -> int:
     p = new_metrics["pruning"]
     print(
         f"removed {len(removed)}/{total} heads {p['removed']}: heads per layer "
-        f"{p['heads_before']} -> {p['heads_after']}, params {p['params_before']} -> {p['params_after']}"
+        f"{p['heads_before']} -> {p['heads_after']}, "
+        f"params {p['params_before']} -> {p['params_after']}"
     )
     line = f"test accuracy {before:.4f} -> {after:.4f} pruned"
     if reconstructed is not None:
         line += f" -> {reconstructed:.4f} reconstructed"
     if finetuned is not None:
         line += f" -> {finetuned:.4f} after {args.finetune_epochs} fine-tune epochs"
+        if not finetuned_with["kept"]:
+            line += " (no epoch beat the start's validation loss; start kept)"
     print(line)
     low, high = drop["ci95_points"]
     print(
@@ -881,7 +919,8 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="after removing heads, refit W^O, the FFN output and the classifier by least "
-        "squares to the unpruned model's activations on the training split (default: on)",
+        "squares to the unpruned model's activations on the training split, before "
+        "augmentation (default: on)",
     )
     p = sub.add_parser(
         "importance", parents=[split], help="head importance and single-head ablation"
@@ -906,7 +945,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--finetune-epochs",
         type=int,
         default=0,
-        help="epochs of training after pruning, best validation loss kept (default 0: none)",
+        help="epochs of training after pruning and reconstruction; the weights with the "
+        "lowest validation loss are kept, the starting ones included (default 0: none)",
     )
     p.add_argument(
         "--finetune-lr", type=float, default=5e-4, help="fine-tune learning rate (default 5e-4)"

@@ -259,6 +259,13 @@ def test_concat_heads_is_what_w_o_multiplies(implementation):
     )
     np.testing.assert_allclose(only_2[..., 2 * d_v : 3 * d_v], head_2, atol=1e-5)
     assert np.abs(np.delete(only_2, np.s_[2 * d_v : 3 * d_v], axis=-1)).max() == 0.0
+    # Like a call: numpy float64 inputs are cast; an unbuilt layer says so.
+    as_f64 = layer.concat_heads(
+        q.astype("float64"), v.astype("float64"), attention_mask=mask, use_causal_mask=True
+    )
+    np.testing.assert_allclose(np.asarray(as_f64), concat, atol=1e-6)
+    with pytest.raises(ValueError, match="needs a built layer"):
+        MultiHeadAttention(num_heads=2).concat_heads(q)
 
 
 def test_gradients_reach_every_head_and_w_o():

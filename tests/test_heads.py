@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from keras_mha import heads
-from keras_mha.model import ModelConfig, attention_layers, build_classifier, forward
+from keras_mha.model import (
+    ModelConfig,
+    attention_layers,
+    build_classifier,
+    encoder_blocks,
+    forward,
+)
 
 
 def tiny_model(**overrides):
@@ -127,13 +133,56 @@ def test_trace_follows_the_model(kind):
         x = np.array([[1, 2, 3, 0, 0, 0], [4, 5, 6, 7, 8, 9], [2, 0, 0, 0, 0, 0]], "int32")
     t = heads.trace(model, x, batch_size=2)
     np.testing.assert_allclose(softmax(t["logits"]), np.asarray(model(x)), atol=1e-6)
-    first = attention_layers(model)[0]
-    np.testing.assert_allclose(
-        t["blocks"][0]["heads"] @ np.asarray(first.output_kernel) + np.asarray(first.output_bias),
-        t["blocks"][0]["attended"],
-        atol=1e-5,
-    )
     assert t["mask"].sum() == (x.shape[0] * x.shape[1] if kind == "features" else 10)
+    mask = None if kind == "features" else x != 0
+    blocks = encoder_blocks(model)
+    for i, block in enumerate(blocks):
+        b = t["blocks"][i]
+        # Each piece against the layers' own calls, not against trace's sums.
+        attended = block.attention(b["x"], query_mask=mask, value_mask=mask)
+        np.testing.assert_allclose(b["attended"], np.asarray(attended), atol=1e-6)
+        w_o = np.asarray(block.attention.output_kernel)
+        d_v = block.attention.d_v
+        for h in range(block.attention.num_heads):  # head h's columns of Concat
+            gate = np.eye(block.attention.num_heads, dtype="float32")[h]
+            only_h = block.attention(b["x"], query_mask=mask, value_mask=mask, head_mask=gate)
+            np.testing.assert_allclose(
+                b["heads"][..., h * d_v : (h + 1) * d_v] @ w_o[h * d_v : (h + 1) * d_v],
+                np.asarray(only_h) - np.asarray(block.attention.output_bias),
+                atol=1e-5,
+            )
+        out = np.asarray(block(b["x"], mask=mask))
+        if i + 1 < len(blocks):
+            np.testing.assert_allclose(t["blocks"][i + 1]["x"], out, atol=1e-6)
+    np.testing.assert_allclose(t["blocks"][0]["hidden"].min(), 0.0)  # after the ReLU
+
+
+def test_refit_is_least_squares_over_the_given_rows():
+    rng = np.random.default_rng(0)
+    inputs, targets = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    rows = rng.random(60) < 0.6
+    kernel = keras.Variable(np.ones((5, 3), "float32"))
+    bias = keras.Variable(np.ones((3,), "float32"))
+    heads._refit(kernel, bias, inputs, targets, rows, ridge=0.0)
+    a = np.concatenate([inputs[rows], np.ones((rows.sum(), 1))], axis=1)
+    expected, *_ = np.linalg.lstsq(a, targets[rows], rcond=None)
+    np.testing.assert_allclose(np.asarray(kernel), expected[:5], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(bias), expected[5], atol=1e-5)
+    # The ridge is relative to the inputs' scale: 100x the inputs, 1/100 the kernel.
+    for scale in (1.0, 100.0):
+        kernel.assign(np.zeros((5, 3), "float32"))
+        bias.assign(np.zeros((3,), "float32"))
+        heads._refit(kernel, bias, scale * inputs, targets, None, ridge=0.5)
+        fitted = scale * inputs @ np.asarray(kernel) + np.asarray(bias)
+        if scale == 1.0:
+            reference = fitted
+        else:
+            np.testing.assert_allclose(fitted, reference, atol=1e-4)
+    assert np.abs(reference - targets).mean() > np.abs(a @ expected - targets[rows]).mean()
+    # A huge ridge keeps the current weights.
+    kernel.assign(np.full((5, 3), 0.25, "float32"))
+    heads._refit(kernel, None, inputs, targets, None, ridge=1e9)
+    np.testing.assert_allclose(np.asarray(kernel), 0.25, atol=1e-6)
 
 
 def test_reconstruct_recovers_a_duplicated_head():
@@ -155,6 +204,50 @@ def test_reconstruct_recovers_a_duplicated_head():
     # The default ridge pulls towards the old weights: close, not exact.
     default = heads.reconstruct(model, heads.prune_model(model, {0: [3]}), x_fit)
     assert np.abs(np.asarray(default(x)) - full).max() < 1e-3
+
+
+def test_every_refit_is_the_least_squares_optimum_of_its_drift_target():
+    """After `reconstruct`, each refit map solves its own least-squares problem.
+
+    Block l's W^O maps the pruned model's Concat to x_l + A_l - x'_l (the
+    original's LayerNorm input minus the pruned model's residual), its FFN
+    output Dense maps the hidden layer to m_l + F_l - m'_l, the classifier
+    maps the pooled features to the original's logits; real tokens only.
+    """
+    model = tiny_model(input_kind="tokens", sequence_length=6, feature_dim=12, num_classes=3)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(1, 12, (300, 6))
+    ids[np.arange(6)[None] >= rng.integers(1, 7, (300, 1))] = 0
+    ids = ids.astype("int32")
+    pruned = heads.reconstruct(model, heads.prune_model(model, {0: [0, 2]}), ids, ridge=1e-9)
+    t, s = heads.trace(model, ids), heads.trace(pruned, ids)
+    rows = t["mask"].reshape(-1)
+
+    def assert_optimal(layer_kernel, layer_bias, inputs, target, rows):
+        a = inputs.reshape(-1, inputs.shape[-1]).astype("float64")
+        y = target.reshape(-1, target.shape[-1]).astype("float64")
+        if rows is not None:
+            a, y = a[rows], y[rows]
+        a = np.concatenate([a, np.ones((len(a), 1))], axis=1)
+        best, *_ = np.linalg.lstsq(a, y, rcond=None)
+        w = np.concatenate([np.asarray(layer_kernel), np.asarray(layer_bias)[None]])
+        optimum, reached = np.sum((a @ best - y) ** 2), np.sum((a @ w - y) ** 2)
+        assert reached - optimum <= 1e-4 * optimum + 1e-7 * np.sum(y**2), (reached, optimum)
+
+    for i, block in enumerate(encoder_blocks(pruned)):
+        tb, sb = t["blocks"][i], s["blocks"][i]
+        attention = block.attention
+        target = tb["x"] + tb["attended"] - sb["x"]
+        assert_optimal(attention.output_kernel, attention.output_bias, sb["heads"], target, rows)
+        target = tb["mid"] + tb["ffn"] - sb["mid"]
+        assert_optimal(block._ffn_out.kernel, block._ffn_out.bias, sb["hidden"], target, rows)
+    classifier = pruned.get_layer("classifier")
+    assert_optimal(classifier.kernel, classifier.bias, s["pooled"], t["logits"], None)
+    # Block 1 lost no head, yet its maps moved to absorb block 0's drift.
+    before = encoder_blocks(model)[1].attention.output_kernel
+    assert (
+        np.abs(np.asarray(encoder_blocks(pruned)[1].attention.output_kernel) - before).max() > 1e-3
+    )
 
 
 def test_reconstruct_leaves_padding_out_and_fits_token_models():
@@ -293,9 +386,11 @@ def test_importance_and_curve_on_either_split(augmented_run, tmp_path):
     os.umask(umask)
     assert (run / "heads" / "importance.json").stat().st_mode & 0o777 == 0o666 & ~umask
 
-    assert heads.main(["curve", str(run), "--split", "validation", "--step", "0.5"]) == 0
+    argv = ["curve", str(run), "--split", "validation", "--step", "0.5", "--no-reconstruct"]
+    assert heads.main(argv) == 0
     curve = json.loads((run / "heads" / "curve.json").read_text())
-    assert curve["split"] == "validation"
+    assert curve["split"] == "validation" and curve["reconstruction"] is None
+    assert all("accuracy_reconstructed" not in p for p in curve["points"])
     assert curve["points"][0]["accuracy"] == pytest.approx(on_train["test_accuracy"])
 
 
@@ -319,6 +414,8 @@ def test_finetuned_pruning_is_deterministic_across_processes(augmented_run, tmp_
             assert np.abs(a["probs"] - c["probs"]).max() > 1e-3
     assert pruning[0]["importance_split"] == "validation"
     assert pruning[0]["finetune_epochs"] == 2 and pruning[0]["finetune_learning_rate"] == 5e-4
+    assert pruning[0]["finetune"] == pruning[1]["finetune"] and pruning[0]["finetune"]["kept"]
+    assert pruning[2]["finetune"] is None
     assert pruning[0]["test_accuracy_finetuned"] == pruning[1]["test_accuracy_finetuned"]
     assert pruning[2]["test_accuracy_finetuned"] is None
     drop = pruning[0]["test_drop"]  # of the fine-tuned model against the source run
@@ -349,6 +446,25 @@ def test_paired_drop_counts_and_bootstraps():
     assert (same["points"], same["ci95_points"]) == (0.0, [0.0, 0.0])
     with pytest.raises(ValueError, match="same, non-zero length"):
         heads.paired_drop(before, after[:-1])
+
+
+@pytest.mark.slow
+def test_finetune_keeps_the_start_when_no_epoch_beats_it(augmented_run):
+    model, metrics, _ = heads.load_run(augmented_run)
+    data = heads.run_dataset(metrics)
+    start = [w.copy() for w in model.get_weights()]
+    # A learning rate of 5 wrecks every epoch: the starting weights stay.
+    result = heads.finetune(model, data, metrics, epochs=1, learning_rate=5.0)
+    assert result["kept"] is False and result["best_epoch"] == 0
+    assert result["best_val_loss"] == result["start_val_loss"]
+    for now, before in zip(model.get_weights(), start):
+        np.testing.assert_array_equal(now, before)
+    # The 3-epoch run is far from converged: a gentle fine-tune improves it.
+    result = heads.finetune(model, data, metrics, epochs=2, learning_rate=1e-3)
+    assert result["kept"] is True and result["best_epoch"] in (1, 2)
+    assert result["best_val_loss"] < result["start_val_loss"]
+    loss = model.evaluate(data.x_val, data.y_val, verbose=0)[0]
+    assert loss == pytest.approx(result["best_val_loss"], rel=1e-4)
 
 
 def test_finetune_refuses_no_epochs():
