@@ -277,9 +277,16 @@ def _refit(kernel, bias, inputs, targets, rows, ridge: float) -> None:
 
     Minimises ||A [W; b] - targets||^2 over `rows` (None: all), A the inputs
     with a column of ones, plus sum_j lam_j ||row j of [W; b] - its current
-    value||^2, in closed form (float64). lam_j = `ridge` * (A^T A)_jj: each
-    input's pull is relative to its own energy, so rescaling an input does
-    not change the fit, and an input that is always 0 keeps its weights.
+    value||^2, in closed form (float64), with
+
+        lam_j = ridge * max((A^T A)_jj, median over the inputs k of (A^T A)_kk)
+
+    and lam = ridge * n for the bias row (its column of ones has energy n).
+    Each input's pull is relative to its energy, so rescaling the inputs does
+    not change the fit; an input with less energy than the median gets the
+    median's pull, so a ReLU unit that fires on a handful of rows is not fit
+    to them with large weights (which would also stretch the int8 range of
+    the map); an input that is always 0 keeps its weights.
     """
     from keras import ops
 
@@ -292,8 +299,10 @@ def _refit(kernel, bias, inputs, targets, rows, ridge: float) -> None:
         a = np.concatenate([a, np.ones((len(a), 1))], axis=1)
         w_now = np.concatenate([w_now, ops.convert_to_numpy(bias)[None].astype("float64")])
     gram = a.T @ a
-    energy = np.diag(gram)
-    lam = ridge * np.maximum(energy, 1e-12 * energy.max())
+    energy = np.diag(gram).copy()
+    inputs_energy = energy[: kernel.shape[0]]
+    energy[: kernel.shape[0]] = np.maximum(inputs_energy, np.median(inputs_energy))
+    lam = ridge * energy
     w = np.linalg.solve(gram + np.diag(lam), a.T @ y + lam[:, None] * w_now)
     kernel.assign(w[: kernel.shape[0]].astype("float32"))
     if bias is not None:
@@ -519,8 +528,9 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
     model. Like `keras.utils.set_random_seed`, it reseeds Python, NumPy and
     the backend for the whole process (with the run's seed).
 
-    Returns `{"start_val_loss", "best_val_loss", "best_epoch", "kept"}`:
-    `best_epoch` is 0 and `kept` False when the starting weights won.
+    Returns `{"start_val_loss", "best_val_loss", "best_epoch", "improved"}`:
+    `best_epoch` (from 1) is 0 and `improved` False when no epoch beat the
+    starting weights, which are then what the model holds.
     """
     if epochs < 1 or learning_rate <= 0:
         raise ValueError(
@@ -544,6 +554,11 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
     )
+    # Never stops early (patience = epochs); used for its Keras 3 behaviour of
+    # restoring the best epoch's weights at the end, and its record of it.
+    stopper = keras.callbacks.EarlyStopping(
+        monitor="val_loss", patience=epochs, restore_best_weights=True
+    )
     keras.utils.set_random_seed(int(metrics.get("seed", 0)))
     with op_determinism(True):
         start_weights = model.get_weights()
@@ -557,24 +572,17 @@ def finetune(model, dataset, metrics: dict, epochs: int, learning_rate: float = 
             epochs=epochs,
             batch_size=batch_size,
             verbose=0,
-            # Never stops early (patience = epochs); used for its Keras 3
-            # behaviour of restoring the best epoch's weights at the end.
-            callbacks=[
-                keras.callbacks.EarlyStopping(
-                    monitor="val_loss", patience=epochs, restore_best_weights=True
-                )
-            ],
+            callbacks=[stopper],
         )
-    losses = [float(v) for v in history.history["val_loss"]]
-    best = min(range(len(losses)), key=losses.__getitem__)
-    kept = losses[best] < start_loss
-    if not kept:
+    best_loss = float(history.history["val_loss"][stopper.best_epoch])
+    improved = bool(best_loss < start_loss)  # False for NaN too
+    if not improved:
         model.set_weights(start_weights)
     return {
         "start_val_loss": start_loss,
-        "best_val_loss": losses[best] if kept else start_loss,
-        "best_epoch": best + 1 if kept else 0,
-        "kept": kept,
+        "best_val_loss": best_loss if improved else start_loss,
+        "best_epoch": stopper.best_epoch + 1 if improved else 0,
+        "improved": improved,
     }
 
 
@@ -793,7 +801,7 @@ def cmd_prune(args) -> int:
         line += f" -> {reconstructed:.4f} reconstructed"
     if finetuned is not None:
         line += f" -> {finetuned:.4f} after {args.finetune_epochs} fine-tune epochs"
-        if not finetuned_with["kept"]:
+        if not finetuned_with["improved"]:
             line += " (no epoch beat the start's validation loss; start kept)"
     print(line)
     low, high = drop["ci95_points"]

@@ -159,7 +159,8 @@ def test_trace_follows_the_model(kind):
 
 def test_refit_is_least_squares_over_the_given_rows():
     rng = np.random.default_rng(0)
-    inputs, targets = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    inputs = rng.normal(size=(60, 5))
+    targets = inputs @ rng.normal(size=(5, 3)) + 0.3 * rng.normal(size=(60, 3))
     rows = rng.random(60) < 0.6
     kernel = keras.Variable(np.ones((5, 3), "float32"))
     bias = keras.Variable(np.ones((3,), "float32"))
@@ -178,11 +179,32 @@ def test_refit_is_least_squares_over_the_given_rows():
             reference = fitted
         else:
             np.testing.assert_allclose(fitted, reference, atol=1e-4)
-    assert np.abs(reference - targets).mean() > np.abs(a @ expected - targets[rows]).mean()
+    # ... and it does pull: the fit is worse than the unpenalised one on the same rows.
+    a_all = np.concatenate([inputs, np.ones((60, 1))], axis=1)
+    free, *_ = np.linalg.lstsq(a_all, targets, rcond=None)
+    assert np.sum((reference - targets) ** 2) > 1.05 * np.sum((a_all @ free - targets) ** 2)
     # A huge ridge keeps the current weights.
     kernel.assign(np.full((5, 3), 0.25, "float32"))
     heads._refit(kernel, None, inputs, targets, None, ridge=1e9)
     np.testing.assert_allclose(np.asarray(kernel), 0.25, atol=1e-6)
+
+
+def test_refit_does_not_fit_an_input_that_fires_once():
+    """A ReLU unit active on one row of 60 gets the median input's pull, not its own."""
+    rng = np.random.default_rng(1)
+    inputs, targets = rng.normal(size=(60, 5)), rng.normal(size=(60, 3))
+    inputs[:, 4] = 0.0
+    inputs[7, 4] = 0.01  # fires once, weakly
+    inputs = np.concatenate([inputs, np.zeros((60, 1))], axis=1)  # and one that never fires
+    kernel = keras.Variable(np.full((6, 3), 0.5, "float32"))
+    heads._refit(kernel, None, inputs, targets, None, ridge=1e-4)
+    w = np.asarray(kernel)
+    np.testing.assert_allclose(w[5], 0.5, atol=1e-6)  # never fired: unchanged
+    # Unpenalised, it would fit row 7's residual with a weight ~100x the residual.
+    free, *_ = np.linalg.lstsq(inputs[:, :5], targets, rcond=None)
+    assert np.abs(free[4] - 0.5).max() > 50
+    assert np.abs(w[4] - 0.5).max() < np.abs(free[4] - 0.5).max() / 20
+    np.testing.assert_allclose(w[:4], free[:4], atol=0.1)  # the others are fit normally
 
 
 def test_reconstruct_recovers_a_duplicated_head():
@@ -414,7 +436,7 @@ def test_finetuned_pruning_is_deterministic_across_processes(augmented_run, tmp_
             assert np.abs(a["probs"] - c["probs"]).max() > 1e-3
     assert pruning[0]["importance_split"] == "validation"
     assert pruning[0]["finetune_epochs"] == 2 and pruning[0]["finetune_learning_rate"] == 5e-4
-    assert pruning[0]["finetune"] == pruning[1]["finetune"] and pruning[0]["finetune"]["kept"]
+    assert pruning[0]["finetune"] == pruning[1]["finetune"] and pruning[0]["finetune"]["improved"]
     assert pruning[2]["finetune"] is None
     assert pruning[0]["test_accuracy_finetuned"] == pruning[1]["test_accuracy_finetuned"]
     assert pruning[2]["test_accuracy_finetuned"] is None
@@ -455,13 +477,13 @@ def test_finetune_keeps_the_start_when_no_epoch_beats_it(augmented_run):
     start = [w.copy() for w in model.get_weights()]
     # A learning rate of 5 wrecks every epoch: the starting weights stay.
     result = heads.finetune(model, data, metrics, epochs=1, learning_rate=5.0)
-    assert result["kept"] is False and result["best_epoch"] == 0
+    assert result["improved"] is False and result["best_epoch"] == 0
     assert result["best_val_loss"] == result["start_val_loss"]
     for now, before in zip(model.get_weights(), start):
         np.testing.assert_array_equal(now, before)
     # The 3-epoch run is far from converged: a gentle fine-tune improves it.
     result = heads.finetune(model, data, metrics, epochs=2, learning_rate=1e-3)
-    assert result["kept"] is True and result["best_epoch"] in (1, 2)
+    assert result["improved"] is True and result["best_epoch"] in (1, 2)
     assert result["best_val_loss"] < result["start_val_loss"]
     loss = model.evaluate(data.x_val, data.y_val, verbose=0)[0]
     assert loss == pytest.approx(result["best_val_loss"], rel=1e-4)
