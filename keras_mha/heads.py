@@ -328,11 +328,11 @@ def reconstruct(
         W^O, b^O <- argmin || x'_l + Concat(kept heads) W^O + b^O - (x_l + A_l) ||^2
         W_2, b_2 <- argmin || m'_l + ReLU(m'_l W_1 + b_1) W_2 + b_2 - (m_l + F_l) ||^2
 
-    so that what enters each LayerNorm matches, drift from earlier layers
-    included; then the classifier, to the original's logits. Padded tokens
-    are left out. `ridge` (relative to each input's scale, see `_refit`)
-    pulls each map towards its current weights, so a map whose inputs did
-    not change keeps them. `teacher`: `trace(original, x)` if already made.
+    so that what enters each LayerNorm is fit to the original's, drift from
+    earlier layers included; then the classifier, to the original's logits.
+    Padded tokens are left out. `ridge` (relative to each input's scale, see
+    `_refit`) pulls each map towards its current weights, so a map whose
+    inputs did not change keeps them. `teacher`: `trace(original, x)` if already made.
     Modifies `pruned` in place and returns it.
     """
     from keras_mha.model import encoder_blocks
