@@ -17,11 +17,17 @@ PRUNED ?= $(patsubst %/,%,$(RUN))_pruned
 
 .PHONY: install edge-venvs lint format test test-fast demo heads heads-needs-run bench clean
 
+# Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
+# emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
+TEST_PREREQS :=
+TEST_AFTER :=
+include mk/backends.mk mk/browser.mk mk/micro.mk mk/arm64.mk
+
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,edge]"
+	$(PY) -m pip install -q -e ".[tools,test,edge]"
 	touch $@
 
 # TensorFlow-free environments for the edge demo: LiteRT (numpy 2) and
@@ -44,15 +50,16 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: install edge-venvs lint
+test: install edge-venvs lint $(TEST_PREREQS)
 	$(PY) -m pytest
+	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory $(TEST_AFTER))
 
 test-fast: install
 	$(PY) -m pytest -m "not slow"
 
 demo: install edge-venvs
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite
-	$(PY) -m export $(RUN) --out $(RUN)/bundle --quant $(QUANT) --overwrite
+	$(PY) -m keras_mha_export $(RUN) --out $(RUN)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
@@ -64,7 +71,7 @@ heads: heads-needs-run install edge-venvs
 	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
 	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT) $(RECONSTRUCT)
 	$(PY) -m keras_mha.heads prune $(RUN) --split $(SPLIT) $(RECONSTRUCT) --fraction $(PRUNE_FRACTION) --finetune-epochs $(FINETUNE_EPOCHS) --out $(PRUNED) --overwrite
-	$(PY) -m export $(PRUNED) --out $(PRUNED)/bundle --quant $(QUANT) --overwrite
+	$(PY) -m keras_mha_export $(PRUNED) --out $(PRUNED)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(PRUNED)/bundle --json $(PRUNED)/edge_report.json
 
 heads-needs-run:

@@ -66,7 +66,7 @@ def train_variants(work: pathlib.Path, seed: int, epochs: int | None) -> dict[st
 
 
 def export_variants(runs: dict[str, pathlib.Path]) -> dict[str, dict]:
-    from export import export_bundle
+    from keras_mha_export import export_bundle
 
     return {
         label: export_bundle(run, run / "bundle", "all", overwrite=True, allow_parity_failure=True)

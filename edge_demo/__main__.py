@@ -1,5 +1,5 @@
 """`python -m edge_demo BUNDLE_DIR ...`: the same as `keras-mha-edge`."""
 
-from edge_demo.app import main
+from .app import main
 
 raise SystemExit(main())

@@ -13,11 +13,11 @@ import os
 import pathlib
 import sys
 
-from edge_demo.bundle import Bundle, open_bundle
-from edge_demo.errors import BadInput
-from edge_demo.parity import ModeResult, run_mode
-from edge_demo.report import parity_table, prediction_table, render_features, write_json
-from edge_demo.runtime import (
+from .bundle import Bundle, open_bundle
+from .errors import BadInput
+from .parity import ModeResult, run_mode
+from .report import parity_table, prediction_table, render_features, write_json
+from .runtime import (
     EdgeModel,
     InferenceError,
     Runtime,
@@ -79,7 +79,7 @@ def _index(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (`--help` shows the exit codes)."""
-    from edge_demo import __version__
+    from . import __version__
 
     parser = _Parser(
         prog=PROG,

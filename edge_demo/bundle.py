@@ -19,8 +19,8 @@ import zipfile
 
 import numpy as np
 
-from edge_demo.errors import BadInput
-from edge_demo.text import Vocab, load_vocab
+from .errors import BadInput
+from .text import Vocab, load_vocab
 
 FORMAT = "keras-mha-bundle"
 FORMAT_VERSION = 1
@@ -332,12 +332,12 @@ def parse_manifest(data: object, where: str | pathlib.Path = MANIFEST) -> Manife
 def read_manifest(root: pathlib.Path) -> Manifest:
     """Read `root/manifest.json` and validate its fields."""
     if not root.is_dir():
-        raise BadInput(root, "not a directory (expected a bundle written by `python -m export`)")
+        raise BadInput(root, "not a directory (expected a bundle written by `keras-mha-export`)")
     path = root / MANIFEST
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise BadInput(path, "not found; is this a bundle written by `python -m export`?") from None
+        raise BadInput(path, "not found; is this a bundle written by `keras-mha-export`?") from None
     except UnicodeDecodeError:
         raise BadInput(path, "not valid JSON (not UTF-8 text)") from None
     except OSError as exc:

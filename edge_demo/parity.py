@@ -16,8 +16,8 @@ import sys
 
 import numpy as np
 
-from edge_demo.bundle import Bundle
-from edge_demo.runtime import EdgeModel, InferenceError, Runtime
+from .bundle import Bundle
+from .runtime import EdgeModel, InferenceError, Runtime
 
 _EPS = 1e-9  # float slack when comparing ratios of sample counts
 

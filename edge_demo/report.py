@@ -11,7 +11,7 @@ import tempfile
 
 import numpy as np
 
-from edge_demo.parity import ModeResult, describe_thresholds
+from .parity import ModeResult, describe_thresholds
 
 _RAMP = " .:-=+*#%@"  # darkest last: a digit's ink
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_demo.bundle import ModelSpec, TensorSpec
-from edge_demo.errors import BadInput
+from .bundle import ModelSpec, TensorSpec
+from .errors import BadInput
 
 # --runtime choice -> (name used in manifest `runtimes`, interpreter module, package module)
 RUNTIMES = {

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from edge_demo.errors import BadInput
+from .errors import BadInput
 
 VOCAB_FIELDS = ("tokens", "pad_id", "unk_id", "max_length", "lowercase", "token_pattern")
 

@@ -1,6 +1,6 @@
 """keras-mha-export: quantized, verified, bundled TFLite models of a classifier.
 
-    from export import export_bundle, summary_table
+    from keras_mha_export import export_bundle, summary_table
     manifest = export_bundle("runs/digits", "runs/digits/bundle", "all", overwrite=True)
     print(summary_table(manifest))
 
@@ -13,9 +13,9 @@ the bundle format and `export.cli` for the command line.
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 
-from export.bundle import ExportFailed, export_bundle, parse_modes, summary_table
-from export.convert import MODES, ConversionError
-from export.source import InputError, SourcePaths
+from .bundle import ExportFailed, export_bundle, parse_modes, summary_table
+from .convert import MODES, ConversionError
+from .source import InputError, SourcePaths
 
 __all__ = [
     "MODES",

@@ -1,5 +1,5 @@
 """`python -m export RUN_DIR --out BUNDLE`: see export.cli."""
 
-from export.cli import main
+from .cli import main
 
 raise SystemExit(main())

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from export.convert import MODES, ConversionError
-from export.source import InputError, Source, SourcePaths, load_source
+from .convert import MODES, ConversionError
+from .source import InputError, Source, SourcePaths, load_source
 
 FORMAT = "keras-mha-bundle"
 FORMAT_VERSION = 1
@@ -128,15 +128,15 @@ def _export_mode(
     Returns `(model bytes or None, manifest entry or None, failure reasons,
     failure stage)`.
     """
-    from export.convert import convert
-    from export.graph import (
+    from .convert import convert
+    from .graph import (
         check_graph,
         op_histogram,
         read_graph,
         tflite_runtime_214_can_load,
         weight_dtypes,
     )
-    from export.verify import THRESHOLDS, failures, parity, run_model
+    from .verify import THRESHOLDS, failures, parity, run_model
 
     start = time.perf_counter()
     try:
@@ -272,7 +272,7 @@ def export_bundle(
     if len(loaded.calibration) < 200:
         log(f"  note: only {len(loaded.calibration)} calibration samples (docs ask for >= 200)")
 
-    from export.convert import write_saved_model
+    from .convert import write_saved_model
 
     created = _make_parents(out.parent)
     built = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
-    from export.source import SourcePaths
+    from .source import SourcePaths
 
     explicit = {name: getattr(args, name) for name in ("model", "calibration", "eval")}
     extras = [f"--{name}" for name in ("labels", "vocab") if getattr(args, name) is not None]
@@ -110,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = _source(args, parser)
 
-    from export.bundle import ExportFailed, export_bundle, summary_table
-    from export.source import InputError
+    from .bundle import ExportFailed, export_bundle, summary_table
+    from .source import InputError
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -179,7 +179,7 @@ def load_model(path: pathlib.Path, import_modules: tuple[str, ...] = ()) -> kera
         raise InputError(f"model file {path} must be a .keras file")
     if not zipfile.is_zipfile(path):
         raise InputError(f"cannot load {path}: not a .keras archive (corrupt or another format)")
-    from export.convert import captured_output, import_tensorflow
+    from .convert import captured_output, import_tensorflow
 
     import_tensorflow()  # also imports keras_mha, registering its layers
     for name in import_modules:

@@ -81,7 +81,7 @@ def dequantize(q: np.ndarray, spec: TensorSpec) -> np.ndarray:
 
 def make_interpreter(model: bytes):
     """(interpreter, runtime name) for `model`: LiteRT, else TF without delegates."""
-    from export.convert import captured_output
+    from .convert import captured_output
 
     with captured_output():  # "INFO: Created TensorFlow Lite XNNPACK delegate"
         try:

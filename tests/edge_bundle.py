@@ -1,6 +1,6 @@
 """Test helpers for the edge demo: bundles made by the export command.
 
-`export_bundle` runs `python -m export RUN_DIR --out BUNDLE --quant ...` (the
+`export_bundle` runs `python -m keras_mha_export RUN_DIR --out BUNDLE --quant ...` (the
 export package, in this venv, which has TensorFlow); `make_text_run` writes a
 small untrained token classifier as a run directory with vocab.json, so the
 text path of the edge demo is tested without training a text model.
@@ -21,10 +21,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def export_bundle(run_dir: pathlib.Path, out: pathlib.Path, quant: str = "all") -> pathlib.Path:
-    """`python -m export RUN_DIR --out OUT --quant QUANT`; fails the test if it fails."""
+    """`python -m keras_mha_export RUN_DIR --out OUT --quant QUANT`; fails the test if it fails."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "export", str(run_dir), "--out", str(out), "--quant", quant],
+        [sys.executable, "-m", "keras_mha_export", str(run_dir), "--out", str(out), "--quant", quant],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -33,7 +33,7 @@ def export_bundle(run_dir: pathlib.Path, out: pathlib.Path, quant: str = "all") 
     )
     if proc.returncode != 0 or not (out / "manifest.json").exists():
         pytest.fail(
-            f"python -m export failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
+            f"python -m keras_mha_export failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
             pytrace=False,
         )
     return out

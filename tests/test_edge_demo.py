@@ -21,13 +21,13 @@ import sys
 import numpy as np
 import pytest
 
-from edge_demo import bundle as bundle_mod
-from edge_demo import runtime as runtime_mod
-from edge_demo.app import main
-from edge_demo.errors import BadInput
-from edge_demo.parity import check_thresholds
-from edge_demo.report import render_features, write_json
-from edge_demo.runtime import (
+from keras_mha_edge import bundle as bundle_mod
+from keras_mha_edge import runtime as runtime_mod
+from keras_mha_edge.app import main
+from keras_mha_edge.errors import BadInput
+from keras_mha_edge.parity import check_thresholds
+from keras_mha_edge.report import render_features, write_json
+from keras_mha_edge.runtime import (
     RUNTIMES,
     EdgeModel,
     InferenceError,
@@ -36,7 +36,7 @@ from edge_demo.runtime import (
     quantize,
     to_input,
 )
-from edge_demo.text import parse_vocab
+from keras_mha_edge.text import parse_vocab
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EDGE_VENVS = {
@@ -541,7 +541,7 @@ def test_main_usage_errors_are_one_line(capsys, tmp_path):
 # --- import hygiene ------------------------------------------------------------------
 
 
-ALLOWED_TOP_LEVEL = {"numpy", "edge_demo", "ai_edge_litert", "tflite_runtime"}
+ALLOWED_TOP_LEVEL = {"numpy", "ai_edge_litert", "tflite_runtime"}
 
 
 def test_edge_demo_imports_only_stdlib_numpy_and_a_runtime():
@@ -813,7 +813,7 @@ def test_text_is_tokenized_on_the_device_and_matches_keras(text_bundle, text_run
     import keras
 
     import keras_mha  # noqa: F401  (registers the custom layers)
-    from edge_demo.text import load_vocab
+    from keras_mha_edge.text import load_vocab
 
     sentence = "The cat SAT on a zebra"
     vocab = load_vocab(text_bundle / "vocab.json")

@@ -16,9 +16,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from export import MODES, InputError, SourcePaths, export_bundle
-from export.cli import main
-from export.graph import GraphInfo, OpInfo, TensorInfo, check_graph, read_graph
+from keras_mha_export import MODES, InputError, SourcePaths, export_bundle
+from keras_mha_export.cli import main
+from keras_mha_export.graph import GraphInfo, OpInfo, TensorInfo, check_graph, read_graph
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TFLITE_RUNTIME_PYTHON = REPO / ".venv-edge-tflite" / "bin" / "python"
@@ -107,7 +107,7 @@ def exported(digits_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("export") / "bundle"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     done = subprocess.run(
-        [sys.executable, "-m", "export", str(digits_run), "--out", str(out)],
+        [sys.executable, "-m", "keras_mha_export", str(digits_run), "--out", str(out)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -414,7 +414,7 @@ def test_converter_errors_become_one_line(digits_run, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_parity_failure_exits_1_and_writes_nothing(digits_run, tmp_path, monkeypatch):
-    from export import verify
+    from keras_mha_export import verify
 
     monkeypatch.setitem(verify.THRESHOLDS, "float32", {"max_abs_diff": -1.0})
     out = tmp_path / "bundle"
@@ -427,7 +427,7 @@ def test_parity_failure_exits_1_and_writes_nothing(digits_run, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_allow_parity_failure_keeps_the_model_unverified(digits_run, tmp_path, monkeypatch):
-    from export import verify
+    from keras_mha_export import verify
 
     monkeypatch.setitem(verify.THRESHOLDS, "float32", {"max_abs_diff": -1.0})
     out = tmp_path / "bundle"
