@@ -24,7 +24,16 @@ def export_bundle(run_dir: pathlib.Path, out: pathlib.Path, quant: str = "all") 
     """`python -m keras_mha_export RUN_DIR --out OUT --quant QUANT`; fails the test if it fails."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "keras_mha_export", str(run_dir), "--out", str(out), "--quant", quant],
+        [
+            sys.executable,
+            "-m",
+            "keras_mha_export",
+            str(run_dir),
+            "--out",
+            str(out),
+            "--quant",
+            quant,
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
