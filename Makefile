@@ -10,6 +10,7 @@ RUN ?= runs/digits
 DATASET ?= digits
 QUANT ?= all
 PRUNE_FRACTION ?= 0.5
+SAMPLE ?= 0
 FINETUNE_EPOCHS ?= 0
 SPLIT ?= train
 RECONSTRUCT ?= --reconstruct
@@ -70,6 +71,8 @@ demo: install edge-venvs
 heads: heads-needs-run install edge-venvs
 	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
 	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT) $(RECONSTRUCT)
+	$(PY) -m keras_mha.heads plot $(RUN) --sample $(SAMPLE)
+	$(PY) -m keras_mha.heads view $(RUN) --sample $(SAMPLE)
 	$(PY) -m keras_mha.heads prune $(RUN) --split $(SPLIT) $(RECONSTRUCT) --fraction $(PRUNE_FRACTION) --finetune-epochs $(FINETUNE_EPOCHS) --out $(PRUNED) --overwrite
 	$(PY) -m keras_mha_export $(PRUNED) --out $(PRUNED)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(PRUNED)/bundle --json $(PRUNED)/edge_report.json

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pathlib
 
+from keras_mha_edge.files import write_json_atomic as _write
+
 
 def write_json_atomic(path: pathlib.Path, data) -> None:
-    """Write `data` as JSON to `path` through a temporary file and a rename."""
-    from keras_mha import fsutil  # here: keras_mha imports Keras and TensorFlow
-
-    fsutil.write_json_atomic(path, data)
+    """Write `data` as JSON to `path` through a temporary file and a rename; say so."""
+    _write(path, data)
     print(f"\nwrote {path}")

@@ -29,8 +29,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
+from keras_mha_edge.manifest import MODES  # noqa: E402
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 VARIANTS = ("keras.layers.MultiHeadAttention", "keras_mha fused", "keras_mha per_head")
 
 
@@ -65,7 +66,7 @@ def train_variants(work: pathlib.Path, seed: int, epochs: int | None) -> dict[st
     return runs
 
 
-def export_variants(runs: dict[str, pathlib.Path]) -> dict[str, dict]:
+def export_variants(runs: dict[str, pathlib.Path]) -> dict:
     from keras_mha_export import export_bundle
 
     return {
@@ -75,36 +76,27 @@ def export_variants(runs: dict[str, pathlib.Path]) -> dict[str, dict]:
 
 
 def litert_latency(bundles: dict[str, pathlib.Path], repeats: int) -> dict[str, dict[str, float]]:
-    """Median µs per inference for every (variant, mode), timed in turns."""
-    import numpy as np
-    from ai_edge_litert.interpreter import Interpreter
+    """Median µs per inference for every (variant, mode), timed in turns.
 
+    Through the edge demo's own model wrapper (`EdgeModel.run`: quantize once,
+    then set_tensor + invoke + get_tensor per sample), on LiteRT.
+    """
+    from keras_mha_edge.bundle import open_bundle
+    from keras_mha_edge.runtime import EdgeModel, select_runtime
+
+    runtime = select_runtime("litert")
     runners = {}
-    for label, bundle in bundles.items():
-        manifest = json.loads((bundle / "manifest.json").read_text())
-        with np.load(bundle / "eval.npz") as ev:
-            x = ev["x"][:64]
-        for mode, entry in manifest["models"].items():
-            interp = Interpreter(model_path=str(bundle / entry["file"]), num_threads=1)
-            interp.allocate_tensors()
-            inp = interp.get_input_details()[0]
-            out = interp.get_output_details()[0]
-            scale, zero = inp["quantization"]
-            if scale:
-                info = np.iinfo(inp["dtype"])
-                xs = np.clip(np.round(x / scale) + zero, info.min, info.max).astype(inp["dtype"])
-            else:
-                xs = x.astype(inp["dtype"])
-            runners[(label, mode)] = (interp, inp["index"], out["index"], xs)
+    for label, path in bundles.items():
+        bundle = open_bundle(path)
+        x = bundle.eval.x[:64]
+        for mode in bundle.modes:
+            model = EdgeModel(runtime, bundle.model_bytes[mode], threads=1, where=mode)
+            runners[(label, mode)] = (model, model.prepare(x))
     times: dict = {key: [] for key in runners}
     for _ in range(repeats):
-        for key, (interp, i_in, i_out, xs) in runners.items():
-            t0 = time.perf_counter()
-            for sample in xs:
-                interp.set_tensor(i_in, sample[None])
-                interp.invoke()
-                interp.get_tensor(i_out)
-            times[key].append((time.perf_counter() - t0) / len(xs))
+        for key, (model, prepared) in runners.items():
+            _, latencies_ns = model.run(prepared)
+            times[key].append(float(latencies_ns.mean()) / 1e9)
     result: dict = {}
     for (label, mode), t in times.items():
         result.setdefault(label, {})[mode] = statistics.median(t) * 1e6
@@ -181,17 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         metrics = json.loads((runs[label] / "metrics.json").read_text())
         entry = {"test_accuracy": metrics["test_accuracy"], "modes": {}}
         for mode in MODES:
-            if mode not in m["models"]:
+            if mode not in m.models:
                 continue
-            info = m["models"][mode]
-            a = manifests[anchor]["models"].get(mode)
+            info = m.models[mode]
+            a = manifests[anchor].models.get(mode)
             entry["modes"][mode] = {
-                "bytes": info["bytes"],
-                "ops": sum(info["ops"].values()),
+                "bytes": info.bytes,
+                "ops": info.op_count,
                 "latency_us": latency[label][mode],
-                "verified": info.get("verified", False),
-                "agreement": info["parity"]["agreement"],
-                "size_ratio": info["bytes"] / a["bytes"] if a else None,
+                "verified": bool(info.verified),
+                "agreement": info.parity.agreement if info.parity else None,
+                "size_ratio": info.bytes / a.bytes if a else None,
                 "latency_ratio": latency[label][mode] / latency[anchor][mode] if a else None,
             }
         report["variants"][label] = entry
@@ -207,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(
                 f"{mode:8} {label:34} {r['bytes']:7d} {r['size_ratio'] or 0:5.2f} {r['ops']:4d} "
-                f"{r['latency_us']:7.1f} {r['latency_ratio'] or 0:5.2f} {r['agreement']:6.3f}"
+                f"{r['latency_us']:7.1f} {r['latency_ratio'] or 0:5.2f} {r['agreement'] or 0:6.3f}"
             )
     for label in VARIANTS:
         print(f"test accuracy, {label}: {report['variants'][label]['test_accuracy']:.4f}")

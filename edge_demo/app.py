@@ -2,36 +2,41 @@
 
 By default, a parity run: every eval sample through each selected mode at
 batch 1, compared with the float Keras model's softmax and the manifest's
-thresholds. `--sample N` and `--text "..."` classify one input instead.
+thresholds. `--sample N` and `--text "..."` classify one input instead;
+with `--view FILE.html` they also write the head view of one mode's
+attention weights (app_view.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import pathlib
-import sys
 
+from .app_view import check_view_path, view_mode, write_view
 from .bundle import Bundle, open_bundle
-from .errors import BadInput
-from .parity import ModeResult, run_mode
-from .report import parity_table, prediction_table, render_features, write_json
-from .runtime import (
-    EdgeModel,
-    InferenceError,
-    Runtime,
-    probe_model,
-    select_runtime,
-    to_input,
+from .command import (
+    DEBUG_ENV,
+    Parser,
+    UsageError,
+    check_writable,
+    nonnegative_int,
+    positive_int,
+    run_main,
 )
+from .deployed import runtime_content, runtime_entry
+from .files import write_json_atomic
+from .probe import probe_model
+from .report import parity_table, prediction_table, render_features
+from .runtime import RUNTIMES, EdgeModel, InferenceError, Runtime, select_runtime
+from .score import ModeResult, run_mode
 
 PROG = "keras-mha-edge"
-DEBUG_ENV = "KERAS_MHA_EDGE_DEBUG"
-EPILOG = """\
+EPILOG = f"""\
 exit codes: 0 every selected mode meets its thresholds; 1 a parity failure
-(or the runtime failed running a loaded model); 2 bad input (bundle files, flags, runtime), one line on stderr; 3 an internal
-error (set KERAS_MHA_EDGE_DEBUG=1 for its traceback).
+(or the runtime failed running a loaded model); 2 bad input (bundle files,
+flags, runtime), one line on stderr; 3 an internal error (set {DEBUG_ENV}=1
+for its traceback); 130 interrupted.
 Modes the runtime cannot run (tflite-runtime and dynamic-range or int16x8
 models) are skipped, not failed."""
 
@@ -48,40 +53,15 @@ class DemoOptions:
     json_path: pathlib.Path | None = None
     sample: int | None = None
     text: str | None = None
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (BadInput), not usage + message."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise BadInput("usage", f"{message} (see {self.prog} --help)")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a sample index, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a sample index >= 0, got {value}")
-    return value
+    view: pathlib.Path | None = None
+    debug: str | None = None  # --debug MODE (debug_cli.py)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (`--help` shows the exit codes)."""
     from . import __version__
 
-    parser = _Parser(
+    parser = Parser(
         prog=PROG,
         description=__doc__,
         epilog=EPILOG,
@@ -101,16 +81,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--runtime",
-        choices=("auto", "litert", "tflite-runtime"),
+        choices=("auto", *RUNTIMES),
         default="auto",
-        help="TFLite runtime: auto = LiteRT, else tflite-runtime (default auto)",
+        help=f"TFLite runtime: auto = the first of {', '.join(RUNTIMES)} that imports (default auto)",
     )
     parser.add_argument(
-        "--threads", type=_positive, default=1, metavar="N", help="interpreter threads (default 1)"
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="interpreter threads (default 1)",
     )
     parser.add_argument(
         "--repeat",
-        type=_positive,
+        type=positive_int,
         default=1,
         metavar="N",
         help="passes over eval.npz for latency (default 1)",
@@ -124,18 +108,42 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
-        "--sample", type=_index, metavar="N", help="classify eval sample N and show it"
+        "--sample", type=nonnegative_int, metavar="N", help="classify eval sample N and show it"
     )
     what.add_argument("--text", metavar='"..."', help="classify a sentence (text bundles)")
+    parser.add_argument(
+        "--view",
+        type=pathlib.Path,
+        metavar="FILE.html",
+        help="with --sample or --text: write a head view of the attention weights "
+        "(mode: --quant MODE, default the first of int8, int16x8, float32)",
+    )
+    parser.add_argument(
+        "--debug",
+        metavar="MODE",
+        help="per tensor (and head), MODE's error against float32, worst first, on LiteRT "
+        "(all eval samples, or --sample N)",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> DemoOptions:
-    """Parse the command line into DemoOptions (raises BadInput on a usage error)."""
-    args = build_parser().parse_args(argv)
+    """Parse the command line into DemoOptions (a usage error exits 2, one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.json_path is not None and (args.sample is not None or args.text is not None):
-        raise BadInput("--json", "applies to the parity run, not to --sample or --text")
+        parser.error("--json applies to the parity run, not to --sample or --text")
+    if args.debug is not None:
+        for flag, value in (
+            ("--text", args.text),
+            ("--json", args.json_path),
+            ("--view", args.view),
+        ):
+            if value is not None:
+                parser.error(f"--debug cannot be combined with {flag}")
+    if args.view is not None and args.sample is None and args.text is None:
+        parser.error('--view needs --sample N or --text "..." (the input to show)')
     return DemoOptions(
         bundle=args.bundle,
         quant=args.quant,
@@ -145,6 +153,8 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         json_path=args.json_path,
         sample=args.sample,
         text=args.text,
+        view=args.view,
+        debug=args.debug,
     )
 
 
@@ -155,21 +165,21 @@ def _check_request(bundle: Bundle, options: DemoOptions) -> None:
     """Flags that depend on the bundle, checked before any runtime is imported."""
     samples = bundle.manifest.eval.samples
     if options.sample is not None and options.sample >= samples:
-        raise BadInput(
-            "--sample", f"{options.sample} is out of range: eval.npz has samples 0..{samples - 1}"
+        raise UsageError(
+            f"{options.sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
         )
     if options.text is not None and bundle.vocab is None:
-        raise BadInput(
-            "--text",
+        raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
             f'"vocab": null (dataset {bundle.manifest.dataset!r})',
+            "--text",
         )
     if options.json_path is not None:
-        parent = options.json_path.resolve().parent
-        if not parent.is_dir():
-            raise BadInput("--json", f"directory {parent} does not exist")
         if options.json_path.is_dir():
-            raise BadInput("--json", f"{options.json_path} is a directory")
+            raise UsageError(f"{options.json_path} is a directory", "--json")
+        check_writable(options.json_path, "--json")
+    if options.view is not None:
+        check_view_path(options.view)
 
 
 def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]:
@@ -177,27 +187,29 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
 
     Skips a mode the manifest says this runtime cannot load, or one the runtime
     refuses in the child-process probe for lack of an op or kernel. A model
-    that crashes or is rejected otherwise raises BadInput.
+    that crashes or is rejected otherwise raises UsageError.
     """
     plan: dict[str, ModeResult | None] = {}
     for mode in bundle.modes:
-        spec = bundle.manifest.models[mode]
-        if spec.runtimes.get(runtime.name) is False:
-            reason = f"manifest.json says {runtime.name} cannot run {spec.file}"
-            plan[mode] = ModeResult(mode, "skipped", reason=reason)
+        entry = bundle.manifest.models[mode]
+        if entry.runtimes.get(runtime.name) is False:
+            reason = f"manifest.json says {runtime.name} cannot run {entry.file}"
+            why = entry.micro.get("reason") if runtime.name == "tflite-micro" else None
+            plan[mode] = ModeResult(mode, "skipped", reason=f"{reason}: {why}" if why else reason)
             continue
-        inp = spec.input
+        entry = runtime_entry(entry, runtime)  # TFLM: the deploy file
         try:  # the first eval sample, as the manifest says the model takes it
-            sample = to_input(bundle.eval.x[:1], inp.dtype, inp.scale, inp.zero_point)
+            sample = entry.input.quantize(bundle.eval.x[:1])
         except ValueError as exc:
-            raise BadInput(bundle.path("manifest.json"), f"models.{mode}.input: {exc}") from None
-        probe = probe_model(runtime, bundle.model_bytes[mode], bundle.path(spec.file), sample)
+            raise UsageError(f"models.{mode}.input: {exc}", bundle.path("manifest.json")) from None
+        content = runtime_content(bundle, mode, runtime)
+        probe = probe_model(runtime, content, bundle.path(entry.file), sample)
         if probe.ok:
-            probe.check_manifest(spec, bundle.path(spec.file))
+            probe.check_manifest(entry, bundle.path(entry.file))
         plan[mode] = None if probe.ok else ModeResult(mode, "skipped", reason=probe.reason)
     if all(result is not None for result in plan.values()):
         reasons = "; ".join(f"{m}: {r.reason}" for m, r in plan.items() if r is not None)
-        raise BadInput(runtime.name, f"none of the selected modes can run here ({reasons})")
+        raise UsageError(f"none of the selected modes can run here ({reasons})", runtime.name)
     return plan
 
 
@@ -234,7 +246,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
     code = 1 if failed else 0
     if options.json_path is not None:
         info = runtime.info() | {"threads": options.threads, "repeat": options.repeat}
-        write_json(
+        write_json_atomic(
             options.json_path,
             {
                 "runtime": info,
@@ -263,12 +275,15 @@ def _classify(
         if skipped is not None:
             rows.append((mode, "skipped", "-"))
             continue
-        spec = bundle.manifest.models[mode]
+        entry = runtime_entry(bundle.manifest.models[mode], runtime)
         model = EdgeModel(
-            runtime, bundle.model_bytes[mode], options.threads, str(bundle.path(spec.file))
+            runtime,
+            runtime_content(bundle, mode, runtime),
+            options.threads,
+            str(bundle.path(entry.file)),
         )
         try:
-            model.check_manifest(spec)
+            model.check_manifest(entry)
             probs = model.predict(x[None])[0]
         except InferenceError as exc:
             rows.append((mode, "error", "-"))
@@ -293,7 +308,7 @@ def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         f"\nsample {i} of {bundle.manifest.eval.samples} in eval.npz: label {bundle.labels[label]!r}"
     )
     if bundle.vocab is not None:
-        print(f'text: "{bundle.vocab.decode(x)}"')
+        print(f'text: "{" ".join(bundle.vocab.decode(x))}"')
     else:
         print(render_features(x))
     best = int(reference.argmax())
@@ -305,13 +320,16 @@ def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
     return 1 if errors else 0
 
 
-def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
-    """`--text "..."`: tokenize with vocab.json and classify in each mode."""
+def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> tuple:
+    """`--text "..."`: tokenize with vocab.json and classify in each mode.
+
+    Returns (exit code, the model input ids, the words cut off by max_length).
+    """
     vocab = bundle.vocab
-    encoded = vocab.encode(options.text)
+    encoded = vocab.analyze(options.text)
     if not encoded.words:
-        raise BadInput(
-            "--text", f"no words found in {options.text!r} (token_pattern {vocab.token_pattern!r})"
+        raise UsageError(
+            f"no words found in {options.text!r} (token_pattern {vocab.token_pattern!r})", "--text"
         )
     print(f'\ntext: "{options.text}"')
     notes = []
@@ -320,18 +338,23 @@ def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict)
     if encoded.truncated:
         notes.append(f"truncated to max_length {vocab.max_length} of {len(encoded.words)} tokens")
     print(
-        f"model input: {vocab.decode(encoded.ids)!r} = {encoded.ids.tolist()}"
+        f"model input: {' '.join(vocab.decode(encoded.ids))!r} = {encoded.ids.tolist()}"
         + (f" ({'; '.join(notes)})" if notes else "")
     )
     predictions, errors = _classify(bundle, runtime, options, plan, encoded.ids)
     print(prediction_table(predictions))
     for note in _skip_notes(plan) + errors:
         print(note)
-    return 1 if errors else 0
+    dropped = tuple(encoded.words[vocab.max_length :])
+    return (1 if errors else 0), encoded.ids, dropped
 
 
 def run(options: DemoOptions) -> int:
     """Validate the bundle, import the runtime, probe the models, run."""
+    if options.debug is not None:
+        from .debug_cli import run_debug
+
+        return run_debug(options.bundle, options.debug, options.sample, options.runtime)
     bundle = open_bundle(options.bundle, options.quant)
     _check_request(bundle, options)
     runtime = select_runtime(options.runtime)
@@ -340,42 +363,34 @@ def run(options: DemoOptions) -> int:
         if bundle.manifest.models[mode].verified is False:
             print(f"note: manifest.json marks {mode} as not verified at export")
     plan = plan_modes(bundle, runtime)
+    if options.view is not None:
+        view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
     if options.text is not None:
-        return run_text(bundle, runtime, options, plan)
-    if options.sample is not None:
-        return run_sample(bundle, runtime, options, plan)
-    return run_parity(bundle, runtime, options, plan)
+        code, x, dropped = run_text(bundle, runtime, options, plan)
+    elif options.sample is not None:
+        code, x, dropped = run_sample(bundle, runtime, options, plan), None, ()
+    else:
+        return run_parity(bundle, runtime, options, plan)
+    if options.view is not None:
+        mode = view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])
+        notes = write_view(
+            bundle,
+            runtime,
+            mode,
+            bundle.eval.x[options.sample] if x is None else x,
+            options.view,
+            threads=options.threads,
+            sample=options.sample,
+            text=options.text,
+            dropped=dropped,
+        )
+        print(f"wrote {options.view} ({'; '.join(notes)})")
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The console script: never a traceback for bad input (exit 2)."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(errors="replace")  # µ and Δ on an ASCII terminal
-        except (AttributeError, ValueError):
-            pass
-    try:
-        return run(parse_args(argv))
-    except BadInput as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:  # --help, --version
-        return exc.code if isinstance(exc.code, int) else 0
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. piped into `head`
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
-    except Exception as exc:
-        if os.environ.get(DEBUG_ENV):
-            raise
-        print(
-            f"{PROG}: internal error: {type(exc).__name__}: {exc} (set {DEBUG_ENV}=1 for a traceback)",
-            file=sys.stderr,
-        )
-        return 3
+    """The console script: one line and exit 2 for bad input, never a traceback."""
+    return run_main(PROG, lambda: run(parse_args(argv)))
 
 
 if __name__ == "__main__":

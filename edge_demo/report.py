@@ -1,17 +1,12 @@
-"""What the app prints and writes: the parity table, sample pictures, JSON."""
+"""What the app prints: the parity table, sample pictures, prediction tables."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import pathlib
-import tempfile
 
 import numpy as np
 
-from .parity import ModeResult, describe_thresholds
+from .score import ModeResult
 
 _RAMP = " .:-=+*#%@"  # darkest last: a digit's ink
 
@@ -39,16 +34,24 @@ def format_table(headers: list[str], rows: list[list[str]], right: set[int] | No
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def attention_cells(r: ModeResult) -> list[str]:
+    """The attention columns: max |Δ| and agreement, "n/a" where the runtime cannot run it."""
+    if r.attention_status == "n/a":
+        return ["n/a", "n/a"]
+    return [_fmt(r.attention_max_abs_diff, ".2e"), _fmt(r.attention_agreement, ".4f")]
+
+
 def parity_table(results: list[ModeResult]) -> str:
     """The per-mode parity table, then one line per skip or failure."""
     headers = [
         "mode", "result", "accuracy", "agreement", "max|Δp|", "mean|Δp|",
+        "attn max|Δ|", "attn agree",
         "p50 µs", "p90 µs", "p99 µs", "load ms", "peak MB", "size KB", "thresholds",
     ]  # fmt: skip
     rows, notes = [], []
     for r in results:
         if r.status == "skipped":
-            rows.append([r.mode, "SKIP", *["-"] * 10, ""])
+            rows.append([r.mode, "SKIP", *["-"] * 12, ""])
             notes.append(f"{r.mode}: skipped: {r.reason}")
             continue
         rows.append(
@@ -59,17 +62,22 @@ def parity_table(results: list[ModeResult]) -> str:
                 _fmt(r.agreement, ".4f"),
                 _fmt(r.max_abs_diff, ".2e"),
                 _fmt(r.mean_abs_diff, ".2e"),
+                *attention_cells(r),
                 _fmt(r.latency_us_p50, ".1f"),
                 _fmt(r.latency_us_p90, ".1f"),
                 _fmt(r.latency_us_p99, ".1f"),
                 _fmt(r.load_ms, ".1f"),
                 _fmt(r.peak_rss_mb, ".1f"),
                 _fmt(r.model_bytes / 1024, ".1f"),
-                describe_thresholds(r.thresholds),
+                "; ".join(
+                    t.describe() for t in (r.thresholds, r.attention_thresholds) if t is not None
+                ),
             ]
         )
         notes.extend(f"{r.mode}: FAIL: {failure}" for failure in r.failures)
-    table = format_table(headers, rows, right=set(range(2, 12)))
+        if r.attention_status == "n/a":
+            notes.append(f"{r.mode}: attention n/a: {r.attention_note}")
+    table = format_table(headers, rows, right=set(range(2, 14)))
     return "\n".join([table, *notes])
 
 
@@ -91,21 +99,3 @@ def render_features(x: np.ndarray) -> str:
 def prediction_table(rows: list[tuple[str, str, str]]) -> str:
     """(mode, prediction, confidence) rows as a table."""
     return format_table(["mode", "prediction", "confidence"], [list(r) for r in rows], right={2})
-
-
-def write_json(path: pathlib.Path, data: dict) -> None:
-    """Write JSON atomically: a temporary file beside `path`, then rename."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, allow_nan=False)
-            f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp made it 0600; give it a normal file's mode
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -7,21 +7,24 @@
 Modes: float32, dynamic (int8 weights), float16, int8 (full integer) and
 int16x8 (int16 activations). Every model has a fixed batch of 1, builtin ops
 only, and is verified against the float Keras model on eval.npz with LiteRT
-before it is listed in the manifest's `verified`. See docs/artifacts.md for
-the bundle format and `export.cli` for the command line.
+before it is listed in the manifest's `verified`: the staged bundle is opened
+and scored by the edge demo's own code (keras_mha_edge). See docs/artifacts.md for
+the bundle format and `keras_mha_export.cli` for the command line.
 
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 
-from .bundle import ExportFailed, export_bundle, parse_modes, summary_table
-from .convert import MODES, ConversionError
-from .source import InputError, SourcePaths
+from keras_mha_edge.manifest import MODES
+
+from .bundle import ExportFailed, export_bundle, parse_modes
+from .convert import ConversionError
+from .source import SourcePaths
+from .summary import summary_table
 
 __all__ = [
     "MODES",
     "ConversionError",
     "ExportFailed",
-    "InputError",
     "SourcePaths",
     "export_bundle",
     "parse_modes",

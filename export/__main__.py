@@ -1,4 +1,4 @@
-"""`python -m export RUN_DIR --out BUNDLE`: see export.cli."""
+"""`python -m keras_mha_export RUN_DIR --out BUNDLE`: see keras_mha_export.cli."""
 
 from .cli import main
 

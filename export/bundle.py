@@ -1,40 +1,45 @@
 """Export a trained classifier as a verified bundle (docs/artifacts.md).
 
-`export_bundle(source, out, modes)` loads and checks the source, converts the
-model once per mode at batch 1, checks each graph, runs each model over
-eval.npz with LiteRT and compares it with the float Keras model, then writes
-the bundle: `model_<mode>.tflite`, `eval.npz`, `labels.json`, `[vocab.json]`
-and `manifest.json`. The bundle is built in a temporary directory beside
-`out` and renamed into place at the end, so `out` is either the old bundle or
-the complete new one, never something in between.
+`export_bundle(source, out, modes)`:
 
-A mode that fails (the converter cannot produce it, a graph check, or
-parity) is reported in the manifest's `failed` with its reasons and figures,
-and is never in `verified`. Its model is left out of the bundle, unless
-`allow_parity_failure` keeps it in `models` with `"verified": false`. When no
-model is left to bundle, nothing is written and `ExportFailed` is raised.
+1. checks `out` (writable, not the source, empty unless `overwrite`) and
+   loads the source (`source.load_source`: every array and file validated);
+2. stages the bundle in a directory beside `out`: `eval.npz`, `labels.json`,
+   `[vocab.json]`, and per mode the model converted at batch 1 and its graph
+   checked; the manifest is written through `keras_mha_edge.manifest`;
+3. verifies: opens the staged bundle with the device's loader and scores each
+   mode with the device's code (`verify.verify_staged`);
+4. drops the modes that failed (unless `allow_parity_failure`), rewrites the
+   manifest, and renames the staged directory into place (`files.building`).
+
+`out` is either the old bundle or the complete new one, never something in
+between; Ctrl-C or any error removes the staging directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import hashlib
-import json
 import os
 import pathlib
 import platform
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-import numpy as np
+from keras_mha_edge import attention
+from keras_mha_edge.attention import AttentionReference
+from keras_mha_edge.bundle import add_file, labels_json, open_bundle
+from keras_mha_edge.command import UsageError, check_writable
+from keras_mha_edge.entries import ModeFailure, ModelEntry
+from keras_mha_edge.files import building, sha256_file
+from keras_mha_edge.manifest import MODES, EvalSpec, FileRef, Manifest
 
-from .convert import MODES, ConversionError
-from .source import InputError, Source, SourcePaths, load_source
+from .devices import add_devices
+from .entry import convert_mode, judge
+from .source import SourcePaths, load_source, run_files
+from .summary import mode_line
 
-FORMAT = "keras-mha-bundle"
-FORMAT_VERSION = 1
 TOOL = "keras-mha-export"
 
 
@@ -44,38 +49,25 @@ class ExportFailed(Exception):
     `manifest` holds what was measured (`failed` says why each mode failed).
     """
 
-    def __init__(self, message: str, manifest: dict):
+    def __init__(self, message: str, manifest: Manifest):
         super().__init__(message)
         self.manifest = manifest
 
 
 def parse_modes(modes: str | Iterable[str]) -> tuple[str, ...]:
-    """`"all"`, `"int8,float32"` or a list -> modes in canonical order.
-
-    Raises `InputError` for an unknown or empty selection.
-    """
+    """`"all"`, `"int8,float32"` or a list -> modes in canonical order (UsageError if unknown)."""
     names = modes.split(",") if isinstance(modes, str) else list(modes)
     names = [str(name).strip() for name in names if str(name).strip()]
     if not names:
-        raise InputError(f"no mode given; choose 'all' or from {', '.join(MODES)}")
+        raise UsageError(f"no mode given; choose 'all' or from {', '.join(MODES)}", "--quant")
     if "all" in names:
         return MODES
     unknown = [name for name in names if name not in MODES]
     if unknown:
-        raise InputError(f"unknown mode {unknown[0]!r}; choose 'all' or from {', '.join(MODES)}")
+        raise UsageError(
+            f"unknown mode {unknown[0]!r}; choose 'all' or from {', '.join(MODES)}", "--quant"
+        )
     return tuple(mode for mode in MODES if mode in names)
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:
@@ -83,22 +75,22 @@ def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:
     return path == directory or directory in path.parents
 
 
-def _check_target(out: pathlib.Path, overwrite: bool, paths: SourcePaths) -> None:
-    """Refuse a target that is a file, a non-empty directory (unless
-    `overwrite`), or a directory holding the source files."""
+def check_target(out: pathlib.Path, overwrite: bool, files: dict[str, pathlib.Path]) -> None:
+    """Refuse an unwritable `out`, a file, a non-empty directory (unless `overwrite`),
+    or a directory holding the source files."""
+    check_writable(out, "--out")
     if out.exists() and not out.is_dir():
-        raise InputError(f"bundle path {out} exists and is not a directory")
-    for role, path in paths.required().items():
+        raise UsageError("exists and is not a directory", f"--out {out}")
+    for role, path in files.items():
         if _is_within(path, out):
-            raise InputError(
-                f"bundle directory {out} holds the {role} file {path}; choose another --out"
-            )
+            raise UsageError(f"holds the {role} file {path}; choose another --out", f"--out {out}")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError(f"bundle directory {out} exists and is not empty (use --overwrite)")
+        raise UsageError("exists and is not empty (use --overwrite)", f"--out {out}")
 
 
 def _versions() -> dict[str, str]:
     import keras
+    import numpy as np
     import tensorflow as tf
 
     import keras_mha
@@ -120,97 +112,24 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _export_mode(
-    source: Source, saved_model: pathlib.Path, mode: str
-) -> tuple[bytes | None, dict | None, list[str], str]:
-    """Convert, check and verify one mode.
+def _add_attention_reference(staging: pathlib.Path, loaded) -> AttentionReference:
+    """`attention.npz`: the Keras model's own attention weights of the first eval samples.
 
-    Returns `(model bytes or None, manifest entry or None, failure reasons,
-    failure stage)`.
+    Computed by `keras_mha.model.attention_model` (the weights
+    `forward(..., return_attention_scores=True)` returns, dropout off), in
+    float32, for at most `attention.MAX_SAMPLES` samples (docs/artifacts.md).
     """
-    from .convert import convert
-    from .graph import (
-        check_graph,
-        op_histogram,
-        read_graph,
-        tflite_runtime_214_can_load,
-        weight_dtypes,
-    )
-    from .verify import THRESHOLDS, failures, parity, run_model
+    import numpy as np
 
-    start = time.perf_counter()
-    try:
-        model = convert(saved_model, mode, source.calibration)
-    except ConversionError as error:
-        return None, None, [f"the converter cannot produce {mode}: {error}"], "convert"
-    convert_seconds = time.perf_counter() - start
-    graph = read_graph(model)
-    problems = check_graph(graph, mode)
-    try:
-        probs, in_spec, out_spec, runtime = run_model(model, source.x)
-    except Exception as error:  # the runtime refused the model
-        text = str(error).strip().splitlines()
-        return None, None, [f"LiteRT cannot run it: {text[0] if text else error!r}"], "verify"
-    figures = parity(probs, source.probs, source.y)
-    thresholds = dict(THRESHOLDS[mode])
-    reasons = [f"{check}: {'; '.join(found)}" for check, found in problems.items() if found]
-    stage = "graph" if reasons else ""
-    parity_reasons = failures(figures, thresholds, source.float_accuracy)
-    if parity_reasons and not stage:
-        stage = "parity"
-    reasons += parity_reasons
-    histogram = op_histogram(graph)
-    entry = {
-        "file": f"model_{mode}.tflite",
-        "sha256": sha256_bytes(model),
-        "bytes": len(model),
-        "input": in_spec.to_json(),
-        "output": out_spec.to_json(),
-        "ops": histogram,
-        "parity": figures,
-        "thresholds": thresholds,
-        "verified": not reasons,
-        "runtimes": {
-            "ai-edge-litert": runtime == "ai-edge-litert",
-            "tflite-runtime": tflite_runtime_214_can_load(graph),
-        },
-        # Extensions beyond docs/artifacts.md.
-        "op_count": sum(histogram.values()),
-        "checks": {check: not found for check, found in problems.items()},
-        "failures": reasons,
-        "weights": weight_dtypes(graph),
-        "verified_with": runtime,
-        "convert_seconds": round(convert_seconds, 3),
-    }
-    if mode == "dynamic" and "int8" not in entry["weights"]:
-        entry["note"] = (
-            "no weight tensor has the 1024 elements TFLite's dynamic-range quantizer "
-            "needs, so this is the float32 graph"
-        )
-    return model, entry, reasons, stage
+    from keras_mha.model import attention_model
 
-
-def _mode_line(mode: str, entry: dict | None, reasons: list[str], float_accuracy: float) -> str:
-    if entry is None:
-        return f"  {mode:<8} FAILED  {'; '.join(reasons)}"
-    figures = entry["parity"]
-    status = "verified" if entry["verified"] else "FAILED  " + "; ".join(reasons)
-    return (
-        f"  {mode:<8} {entry['bytes']:>9,} B  {entry['op_count']:>3} ops  "
-        f"agreement {figures['agreement']:.4f}  accuracy {figures['accuracy']:.4f} "
-        f"(float {float_accuracy:.4f})  max|Δ| {figures['max_abs_diff']:.2g}  {status}"
-    )
-
-
-def _make_parents(directory: pathlib.Path) -> list[pathlib.Path]:
-    """mkdir -p; return the directories created (deepest last)."""
-    missing = []
-    current = directory
-    while not current.exists():
-        missing.append(current)
-        current = current.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    return missing[::-1]
+    x = loaded.eval.x[: attention.MAX_SAMPLES]
+    outputs = attention_model(loaded.model, batch_size=None).predict(x, batch_size=64, verbose=0)
+    weights = [
+        np.asarray(outputs[attention.output_name(i)], np.float32) for i in range(len(outputs))
+    ]
+    ref = add_file(staging, attention.FILE, attention.reference_bytes(weights))
+    return AttentionReference(ref.file, ref.sha256, int(x.shape[0]), len(weights))
 
 
 def export_bundle(
@@ -223,198 +142,149 @@ def export_bundle(
     dataset: str | None = None,
     import_modules: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
-) -> dict:
+) -> Manifest:
     """Convert, verify and bundle a classifier; return the manifest written.
 
     Args:
         source: a run directory (docs/artifacts.md) or `SourcePaths` naming
             the `.keras` model, `calibration.npz`, `eval.npz` and optionally
-            `labels.json` (class indices otherwise), `vocab.json`, `metrics.json`.
+            `labels.json` (class indices otherwise) and `vocab.json`.
         out: the bundle directory; defaults to `RUN_DIR/bundle`.
-        modes: `"all"`, a comma list or an iterable of `export.MODES`.
+        modes: `"all"`, a comma list or an iterable of `MODES`.
         overwrite: replace an existing non-empty `out`.
         allow_parity_failure: keep models that fail a graph check or parity
             in the bundle (with `"verified": false`) instead of leaving them out.
-        dataset: recorded in the manifest (default: metrics.json's `dataset`).
+        dataset: recorded in the manifest (default: the run's dataset).
         import_modules: modules to import before loading the model (custom
             layers other than keras_mha's).
         log: called with progress lines (nothing is printed otherwise).
 
     Returns:
-        The manifest (as in `out/manifest.json`). Modes that failed are not
-        in `manifest["verified"]`; `manifest["failed"]` says why.
+        The `Manifest` written to `out/manifest.json`.
 
     Raises:
-        InputError: bad input (missing/corrupt files, mismatched arrays,
-            unknown mode, existing bundle); nothing is written.
+        UsageError: bad input (files, arrays, modes, `out`); nothing is written.
         ExportFailed: no model is left to bundle; nothing is written.
     """
     log = log or (lambda line: None)
     started = time.perf_counter()
     selected = parse_modes(modes)
     if isinstance(source, SourcePaths):
-        paths = source
+        files = source.files()
         if out is None:
-            raise InputError("an output directory is needed when exporting from explicit files")
+            raise UsageError("an output directory is needed when exporting from explicit files")
     else:
-        paths = SourcePaths.from_run_dir(source)
+        if not pathlib.Path(source).is_dir():
+            raise UsageError(
+                "does not exist" if not pathlib.Path(source).exists() else "is not a directory",
+                f"run directory {source}",
+            )
+        files = run_files(pathlib.Path(source))
         out = pathlib.Path(source) / "bundle" if out is None else out
     out = pathlib.Path(out)
-    _check_target(out, overwrite, paths)
-    loaded = load_source(paths, dataset=dataset, import_modules=tuple(import_modules))
+    check_target(out, overwrite, files)
+    loaded = load_source(source, tuple(import_modules))
+    dataset = dataset or loaded.dataset
     spec = loaded.model.inputs[0]
     log(
-        f"{paths.model}: input (1, {', '.join(str(d) for d in spec.shape[1:])}) "
-        f"{np.dtype(spec.dtype).name}, {loaded.num_classes} classes; "
-        f"{len(loaded.x)} eval / {len(loaded.calibration)} calibration samples; "
-        f"float accuracy {loaded.float_accuracy:.4f}"
+        f"{loaded.files['model']}: input (1, {', '.join(str(d) for d in spec.shape[1:])}), "
+        f"{loaded.num_classes} classes; {len(loaded.eval.x)} eval / "
+        f"{len(loaded.calibration)} calibration samples; "
+        f"float accuracy {loaded.eval.float_accuracy:.4f}"
     )
     if len(loaded.calibration) < 200:
         log(f"  note: only {len(loaded.calibration)} calibration samples (docs ask for >= 200)")
 
-    from .convert import write_saved_model
+    from .convert import write_attention_saved_model, write_saved_model
+    from .verify import verification_runtime, verify_staged
 
-    created = _make_parents(out.parent)
-    built = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        models: dict[str, dict] = {}
-        failed: dict[str, dict] = {}
+    with building(out) as staging:
+        eval_ref = add_file(staging, "eval.npz", loaded.files["eval"].read_bytes())
+        labels_ref = add_file(staging, "labels.json", labels_json(loaded.labels))
+        vocab_ref = None
+        if loaded.vocab is not None:
+            loaded.vocab.save(staging / "vocab.json")
+            vocab_ref = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
+        attention_ref = _add_attention_reference(staging, loaded)
+        entries: dict[str, ModelEntry] = {}
+        problems: dict[str, list[str]] = {}
+        failed: dict[str, ModeFailure] = {}
         with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
             saved_model = pathlib.Path(scratch) / "saved_model"
             write_saved_model(loaded.model, saved_model)
+            view_model = pathlib.Path(scratch) / "attention_saved_model"
+            write_attention_saved_model(loaded.model, view_model)
             for mode in selected:
-                model, entry, reasons, stage = _export_mode(loaded, saved_model, mode)
-                log(_mode_line(mode, entry, reasons, loaded.float_accuracy))
-                if entry is not None:
-                    log(
-                        "           ops: "
-                        + ", ".join(f"{name} {count}" for name, count in entry["ops"].items())
-                    )
-                    if "note" in entry:
-                        log(f"           note: {entry['note']}")
-                if reasons:
-                    failed[mode] = {"stage": stage, "reasons": reasons}
-                    if entry is not None:
-                        for key in ("parity", "bytes", "op_count", "ops"):
-                            failed[mode][key] = entry[key]
-                if entry is not None and (entry["verified"] or allow_parity_failure):
-                    (built / entry["file"]).write_bytes(model)
-                    models[mode] = entry
-        if "float32" in models:
-            for entry in models.values():
-                entry["size_vs_float32"] = round(entry["bytes"] / models["float32"]["bytes"], 4)
-        manifest = _manifest(loaded, built, models, failed, selected, started)
-        if not models:
+                entry, found = convert_mode(
+                    saved_model, mode, loaded.calibration, staging, view_model
+                )
+                if entry is None:
+                    failed[mode] = ModeFailure("convert", tuple(found))
+                    log(f"  {mode:<8} FAILED  {'; '.join(found)}")
+                else:
+                    entries[mode], problems[mode] = entry, found
+
+        def manifest(models: dict[str, ModelEntry]) -> Manifest:
+            return Manifest(
+                eval=EvalSpec(
+                    file=eval_ref.file,
+                    sha256=eval_ref.sha256,
+                    samples=int(loaded.eval.x.shape[0]),
+                    x_shape=tuple(int(d) for d in loaded.eval.x.shape),
+                    x_dtype=loaded.eval.x.dtype.name,
+                    num_classes=loaded.num_classes,
+                    float_accuracy=loaded.eval.float_accuracy,
+                ),
+                labels=labels_ref,
+                vocab=vocab_ref,
+                models=models,
+                created_by=_versions(),
+                created_at=datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                ),
+                source_model=FileRef(
+                    loaded.files["model"].name, sha256_file(loaded.files["model"])
+                ),
+                dataset=dataset,
+                requested=selected,
+                failed=failed,
+                export_seconds=round(time.perf_counter() - started, 2),
+                attention=attention_ref,
+            )
+
+        kept: dict[str, ModelEntry] = {}
+        if entries:
+            entries = add_devices(staging, entries, loaded.eval.x, manifest, log)  # + manifest
+            runtime = verification_runtime()
+            results = verify_staged(staging, runtime)
+            for mode, entry in entries.items():
+                entry, failure = judge(entry, problems[mode], results[mode], runtime.name)
+                log(mode_line(entry, loaded.eval.float_accuracy))
+                log("           ops: " + ", ".join(f"{k} {v}" for k, v in entry.ops.items()))
+                if entry.note:
+                    log(f"           note: {entry.note}")
+                if failure is not None:
+                    failed[mode] = failure
+                if failure is None or allow_parity_failure:
+                    kept[mode] = entry
+                else:
+                    (staging / entry.file).unlink()
+                    if entry.deploy is not None:
+                        (staging / entry.deploy.file).unlink()
+        if "float32" in kept:
+            base = kept["float32"].bytes
+            kept = {
+                m: dataclasses.replace(e, size_vs_float32=round(e.bytes / base, 4))
+                for m, e in kept.items()
+            }
+        final = manifest(kept)
+        if not kept:
             raise ExportFailed(
                 "no mode passed verification ("
-                + "; ".join(f"{mode}: {info['reasons'][0]}" for mode, info in failed.items())
+                + "; ".join(f"{mode}: {info.reasons[0]}" for mode, info in failed.items())
                 + "); no bundle written",
-                manifest,
+                final,
             )
-        (built / "manifest.json").write_text(
-            json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
-        )
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(built, 0o777 & ~umask)  # mkdtemp made it private
-        from keras_mha.fsutil import swap_into_place  # keeps `import export` cheap
-
-        swap_into_place(built, out)
-    except BaseException:
-        shutil.rmtree(built, ignore_errors=True)
-        for directory in reversed(created):
-            try:
-                directory.rmdir()
-            except OSError:
-                break
-        raise
-    return manifest
-
-
-def _manifest(
-    loaded: Source,
-    built: pathlib.Path,
-    models: dict[str, dict],
-    failed: dict[str, dict],
-    selected: tuple[str, ...],
-    started: float,
-) -> dict:
-    """Copy eval/labels/vocab into `built`; return the manifest for it."""
-    paths = loaded.paths
-    shutil.copyfile(paths.eval, built / "eval.npz")
-    if loaded.labels_generated:
-        (built / "labels.json").write_text(json.dumps(loaded.labels) + "\n", encoding="utf-8")
-    else:
-        shutil.copyfile(paths.labels, built / "labels.json")
-    vocab = None
-    if paths.vocab is not None:
-        shutil.copyfile(paths.vocab, built / "vocab.json")
-        vocab = {"file": "vocab.json", "sha256": sha256_file(built / "vocab.json")}
-    manifest = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "created_by": _versions(),
-        "created_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "source_model": {
-            "file": paths.model.name,
-            "sha256": sha256_file(paths.model),
-            "dataset": loaded.dataset,
-        },
-        "eval": {
-            "file": "eval.npz",
-            "sha256": sha256_file(built / "eval.npz"),
-            "samples": int(loaded.x.shape[0]),
-            "x_shape": [int(d) for d in loaded.x.shape],
-            "x_dtype": loaded.x.dtype.name,
-            "num_classes": loaded.num_classes,
-            "float_accuracy": loaded.float_accuracy,
-        },
-        "labels": {"file": "labels.json", "sha256": sha256_file(built / "labels.json")},
-        "vocab": vocab,
-        "verified": [mode for mode in selected if models.get(mode, {}).get("verified")],
-        "models": models,
-        # Extensions beyond docs/artifacts.md.
-        "requested": list(selected),
-        "failed": failed,
-        "export_seconds": round(time.perf_counter() - started, 2),
-    }
-    return manifest
-
-
-def summary_table(manifest: dict) -> str:
-    """Mode, bytes, size vs float32, ops, agreement, accuracy, max |Δ|, verified."""
-    header = ("mode", "bytes", "vs float32", "ops", "agreement", "accuracy", "max|Δ|", "verified")
-    rows = [header]
-    models, failed = manifest["models"], manifest.get("failed", {})
-    float32_bytes = (models.get("float32") or failed.get("float32") or {}).get("bytes")
-    for mode in manifest.get("requested", list(models)):
-        entry = models.get(mode) or failed.get(mode) or {}
-        figures = entry.get("parity")
-        if figures is None:
-            rows.append((mode, "-", "-", "-", "-", "-", "-", "no: conversion failed"))
-            continue
-        size = entry["bytes"]
-        ops = entry.get("op_count") or (sum(entry["ops"].values()) if "ops" in entry else None)
-        rows.append(
-            (
-                mode,
-                f"{size:,}",
-                f"{size / float32_bytes:.2f}x" if float32_bytes else "-",
-                "-" if ops is None else str(ops),
-                f"{figures['agreement']:.4f}",
-                f"{figures['accuracy']:.4f}",
-                f"{figures['max_abs_diff']:.2g}",
-                "yes" if mode in manifest["verified"] else "NO",
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = []
-    for number, row in enumerate(rows):
-        cells = [
-            cell.ljust(width) if i in (0, len(header) - 1) else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        lines.append("  ".join(cells).rstrip())
-        if number == 0:
-            lines.append("  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+        final.write(staging)
+        open_bundle(staging)  # the bundle as written reads back on the device
+    return final

@@ -5,9 +5,13 @@ dynamic, float16, int8, int16x8), checks each graph (builtin ops only, int8
 fully integer), runs it over eval.npz with LiteRT and compares it with the
 float model, then writes the bundle described in docs/artifacts.md.
 
+Verified means the edge demo passes: the staged bundle is opened with the
+device's loader and each mode scored with the device's own code.
+
 Exit status: 0 when every requested mode is verified (or with
 --allow-parity-failure), 1 when a mode fails conversion or verification,
-2 on bad input (nothing is written).
+2 on bad input (one line; nothing is written), 3 on an internal error
+(KERAS_MHA_DEBUG=1 shows it), 130 when interrupted (nothing is written).
 """
 
 from __future__ import annotations
@@ -16,18 +20,14 @@ import argparse
 import pathlib
 import sys
 
+from keras_mha_edge.command import Parser, quiet_tensorflow, run_main
+
 PROG = "keras-mha-export"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line on stderr (exit 2)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    """The argument parser; `--help` answers without importing TensorFlow."""
+    parser = Parser(
         prog=PROG,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         type=pathlib.Path,
         metavar="RUN_DIR",
-        help="run directory written by keras-mha-train (model.keras, eval.npz, ...)",
+        help="run directory written by keras-mha-train (model.keras, metrics.json, eval.npz, ...)",
     )
     parser.add_argument(
         "--out",
@@ -104,14 +104,11 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
-
-    from .bundle import ExportFailed, export_bundle, summary_table
-    from .source import InputError
+    quiet_tensorflow()  # before anything below imports TensorFlow
+    from .bundle import ExportFailed, export_bundle
+    from .summary import summary_table
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -127,9 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             import_modules=tuple(args.import_module),
             log=log,
         )
-    except InputError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
     except ExportFailed as error:
         print()
         print(summary_table(error.manifest))
@@ -138,19 +132,25 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out if args.out is not None else pathlib.Path(args.run_dir) / "bundle"
     print()
     print(summary_table(manifest))
-    verified, failed = manifest["verified"], manifest["failed"]
+    verified, failed = manifest.verified, manifest.failed
     print(
-        f"\nbundle: {out} ({len(verified)}/{len(manifest['requested'])} modes verified"
-        f"{': ' + ', '.join(verified) if verified else ''}; {manifest['export_seconds']:.1f} s)"
+        f"\nbundle: {out} ({len(verified)}/{len(manifest.requested)} modes verified"
+        f"{': ' + ', '.join(verified) if verified else ''}; {manifest.export_seconds:.1f} s)"
     )
     if failed:
-        detail = "; ".join(f"{mode}: {', '.join(info['reasons'])}" for mode, info in failed.items())
+        detail = "; ".join(f"{mode}: {', '.join(info.reasons)}" for mode, info in failed.items())
         if args.allow_parity_failure:
             print(f"{PROG}: warning: not verified (allowed): {detail}", file=sys.stderr)
             return 0
         print(f"{PROG}: not verified, left out of the bundle: {detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    parser = build_parser()
+    return run_main(PROG, lambda: _run(parser.parse_args(argv), parser))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,23 @@ kernels).
 (*) TFLite's dynamic-range quantizer leaves weights with fewer than 1024
 elements in float32, so a very small model converts to the float32 graph.
 
+Attention weights ride along as a second signature (docs/artifacts.md):
+with `attention_saved_model_dir` (`write_attention_saved_model`), `convert`
+also converts `keras_mha.model.attention_model` in the same mode and appends
+its subgraph to the classifier's flatbuffer (`add_view_signature`):
+
+| subgraph | signature         | input    | outputs                              |
+| -------- | ----------------- | -------- | ------------------------------------ |
+| 0        | `serving_default` | `inputs` | the class probabilities, as before   |
+| 1        | `view`            | `inputs` | `attention_0` .. : (1, h, T, T) each |
+
+Subgraph 0 is the single-signature model unchanged (ops, tensors,
+quantization, weights), so its outputs are bit-identical and TFLite Micro,
+which runs subgraph 0, still runs the classifier. One SavedModel with both
+signatures converted at once does not do: its int16x8 quantizer corrupts the
+scales of constants the signatures share, and LiteRT aborts running the
+second one. `attention_signature(model)` describes the outputs.
+
 TensorFlow is noisy (absl log lines, "Saved artifact at ...", converter
 diagnostics printed from C++): `captured_output()` collects everything written
 to the process's stdout/stderr while it runs, so a failure can still quote it.
@@ -44,6 +61,17 @@ if TYPE_CHECKING:
     import keras
 
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
+CLASSIFY_SIGNATURE = "serving_default"
+VIEW_SIGNATURE = "view"
+# The attention subgraph's name. Runtimes apply no delegate to a subgraph named
+# "VALIDATION:...": tflite-runtime 2.14's XNNPACK delegate keeps the float32
+# copies of float16 weights for all subgraphs in one growing vector, so a
+# second delegated subgraph moved the classifier's copies and its float16
+# probabilities came out 0.98 off (docs/artifacts.md). The view runs on the
+# builtin kernels; the classifier keeps its delegate.
+VIEW_SUBGRAPH_NAME = "VALIDATION:view"
+# Weight buffers start on 16 bytes, as TFLite's own writer places them.
+_BUFFER_ALIGNMENT = 16
 
 
 class ConversionError(Exception):
@@ -99,14 +127,14 @@ def captured_output() -> Iterator[list[str]]:
 def import_tensorflow() -> types.ModuleType:
     """Import TensorFlow, Keras and keras_mha quietly; return `tensorflow`.
 
-    keras_mha is imported so that its layers are registered before any
-    `.keras` file is loaded (FIELD_NOTES.md: otherwise the error is vague).
+    keras_mha.layers is imported so that its layers are registered before any
+    `.keras` file is loaded (docs/field_notes.md: otherwise the error is vague).
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     with captured_output():
         import tensorflow as tf
 
-        import keras_mha  # noqa: F401  (registers the custom layers)
+        import keras_mha.layers  # noqa: F401  (registers the custom layers)
     tf.get_logger().setLevel("ERROR")
     with contextlib.suppress(ImportError):
         from absl import logging as absl_logging
@@ -129,6 +157,16 @@ def write_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
         archive.write_out(str(directory), verbose=False)
 
 
+def write_attention_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
+    """The classifier's attention weights (`attention_model`) as a batch-1 SavedModel.
+
+    Its outputs are named `attention_0`, `attention_1`, ... (one per block).
+    """
+    from keras_mha.model import attention_model
+
+    write_saved_model(attention_model(model, batch_size=1), directory)
+
+
 def _one_line(error: BaseException, captured: list[str]) -> str:
     """The most informative single line of a converter failure."""
     text = str(error).strip()
@@ -144,14 +182,34 @@ def _one_line(error: BaseException, captured: list[str]) -> str:
 
 
 def convert(
-    saved_model_dir: str | os.PathLike, mode: str, calibration: np.ndarray | None = None
+    saved_model_dir: str | os.PathLike,
+    mode: str,
+    calibration: np.ndarray | None = None,
+    *,
+    attention_saved_model_dir: str | os.PathLike | None = None,
 ) -> bytes:
     """Convert the batch-1 SavedModel to a TFLite flatbuffer in `mode`.
 
     `calibration`: representative model inputs `(N, ...)` for `int8` and
-    `int16x8` (each fed as a batch of 1). Raises `ConversionError` with a
-    one-line reason when the converter cannot produce the mode.
+    `int16x8` (each fed as a batch of 1). `attention_saved_model_dir` (from
+    `write_attention_saved_model`): also convert it, with the same
+    calibration, and add it as the `view` signature (module docstring).
+    Raises `ConversionError` with a one-line reason when the converter
+    cannot produce the mode.
     """
+    classifier = _convert_one(saved_model_dir, mode, calibration)
+    if attention_saved_model_dir is None:
+        return classifier
+    attention = _convert_one(attention_saved_model_dir, mode, calibration)
+    try:
+        return add_view_signature(classifier, attention)
+    except ValueError as error:
+        raise ConversionError(f"cannot add the attention signature: {error}") from error
+
+
+def _convert_one(
+    saved_model_dir: str | os.PathLike, mode: str, calibration: np.ndarray | None
+) -> bytes:
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; expected one of {MODES}.")
     tf = import_tensorflow()
@@ -196,3 +254,217 @@ def convert(
         ):
             reason += " (TF's 16x8 quantizer cannot handle integer token-id inputs)"
         raise ConversionError(reason) from error
+
+
+# --- the attention signature ------------------------------------------------------
+
+
+def _schema_module() -> types.ModuleType:
+    try:
+        from ai_edge_litert import schema_py_generated as schema
+    except ImportError:  # TensorFlow ships the same generated module.
+        from tensorflow.lite.python import schema_py_generated as schema
+    return schema
+
+
+def _aligned_buffer_type(schema: types.ModuleType) -> type:
+    class AlignedBuffer(schema.BufferT):
+        """A BufferT whose data starts on `_BUFFER_ALIGNMENT` bytes when packed."""
+
+        def Pack(self, builder):  # noqa: N802  (the generated API's name)
+            if self.data is None or len(self.data) == 0:
+                return super().Pack(builder)
+            payload = np.asarray(self.data, dtype=np.uint8).tobytes()
+            builder.StartVector(1, len(payload), _BUFFER_ALIGNMENT)
+            builder.head -= len(payload)
+            builder.Bytes[builder.head : builder.head + len(payload)] = payload
+            builder.vectorNumElems = len(payload)
+            data = builder.EndVector()
+            schema.BufferStart(builder)
+            schema.BufferAddData(builder, data)
+            return schema.BufferEnd(builder)
+
+    return AlignedBuffer
+
+
+def _unpack(model: bytes, schema: types.ModuleType, what: str):
+    buf = bytearray(model)
+    if len(buf) < 8 or bytes(buf[4:8]) != b"TFL3":
+        raise ValueError(f"the {what} is not a TFLite flatbuffer (no 'TFL3' identifier)")
+    unpacked = schema.ModelT.InitFromObj(schema.Model.GetRootAs(buf, 0))
+    if len(unpacked.subgraphs or []) != 1 or len(unpacked.signatureDefs or []) != 1:
+        raise ValueError(f"the {what} must have one subgraph and one signature")
+    if any(b.offset for b in unpacked.buffers or []):
+        raise ValueError(f"the {what} keeps buffers outside the flatbuffer (> 2 GB)")
+    return unpacked
+
+
+def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
+    """The classifier flatbuffer plus the attention model's subgraph as `view`.
+
+    Both are single-signature models of one conversion mode. The classifier's
+    subgraph, buffers, operator codes and metadata stay as they are (subgraph
+    0, `serving_default`); the attention subgraph becomes subgraph 1 with the
+    signature `view`, its operator codes merged and its weight buffers
+    shared with the classifier's where the bytes are identical.
+    """
+    schema = _schema_module()
+    model = _unpack(classifier, schema, "classifier model")
+    extra = _unpack(attention, schema, "attention model")
+    if model.signatureDefs[0].signatureKey.decode() != CLASSIFY_SIGNATURE:
+        raise ValueError(f"the classifier's signature is not {CLASSIFY_SIGNATURE!r}")
+
+    def code_key(code) -> tuple:
+        return (code.deprecatedBuiltinCode, code.builtinCode, code.customCode, code.version)
+
+    codes = {code_key(code): i for i, code in enumerate(model.operatorCodes)}
+    code_map = []
+    for code in extra.operatorCodes:
+        if code_key(code) not in codes:
+            codes[code_key(code)] = len(model.operatorCodes)
+            model.operatorCodes.append(code)
+        code_map.append(codes[code_key(code)])
+
+    aligned = _aligned_buffer_type(schema)
+    model.buffers = [_as_aligned(b, aligned) for b in model.buffers]
+    if model.buffers[0].data is not None and len(model.buffers[0].data):
+        raise ValueError("the classifier's buffer 0 is not the empty buffer")
+    by_bytes = {
+        np.asarray(b.data, np.uint8).tobytes(): i
+        for i, b in enumerate(model.buffers)
+        if b.data is not None and len(b.data)
+    }
+    buffer_map = []
+    for b in extra.buffers:
+        if b.data is None or len(b.data) == 0:
+            buffer_map.append(0)  # no data: the shared empty buffer
+            continue
+        key = np.asarray(b.data, np.uint8).tobytes()
+        if key not in by_bytes:
+            by_bytes[key] = len(model.buffers)
+            model.buffers.append(_as_aligned(b, aligned))
+        buffer_map.append(by_bytes[key])
+
+    graph = extra.subgraphs[0]
+    for tensor in graph.tensors:
+        tensor.buffer = buffer_map[tensor.buffer]
+        tensor.name = _short_name(tensor.name or b"")
+    for op in graph.operators:
+        op.opcodeIndex = code_map[op.opcodeIndex]
+    graph.name = VIEW_SUBGRAPH_NAME.encode()
+    signature = extra.signatureDefs[0]
+    signature.signatureKey = VIEW_SIGNATURE.encode()
+    signature.subgraphIndex = len(model.subgraphs)
+    model.subgraphs.append(graph)
+    model.signatureDefs.append(signature)
+
+    import flatbuffers
+
+    builder = flatbuffers.Builder(len(classifier) + len(attention))
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
+
+
+def _short_name(name: bytes) -> bytes:
+    """`view/<layer path>` from the converter's `a/attention_weights_1/b/c;...` names.
+
+    The converter joins the names of fused ops with ';' and prefixes every
+    op of the attention model with its wrapper's path; the first op's path
+    inside the classifier is enough to find a tensor (and keeps the file small).
+    """
+    first = name.decode(errors="replace").split(";")[0]
+    inner = re.sub(r"^.*?/attention_weights(_\d+)?/", "", first)
+    return f"{VIEW_SIGNATURE}/{inner}".encode()
+
+
+def _as_aligned(buffer, aligned: type):
+    copy = aligned()
+    copy.data = buffer.data
+    return copy
+
+
+def attention_signature(model: bytes) -> dict | None:
+    """Describe the `view` signature's tensors (docs/artifacts.md); None without one.
+
+    `{"signature": "view", "subgraph": 1, "input": {...}, "outputs": [{"name":
+    "attention_0", "layer": 0, "shape": [1, h, T, T], "dtype": "int8",
+    "scale": 0.00390625, "zero_point": -128}, ...]}`, outputs in layer order;
+    `scale` and `zero_point` are None for float tensors. Reads the
+    flatbuffer only (no interpreter).
+    """
+    schema = _schema_module()
+    buf = bytearray(model)
+    if len(buf) < 8 or bytes(buf[4:8]) != b"TFL3":
+        raise ValueError("not a TFLite flatbuffer (missing the 'TFL3' identifier)")
+    root = schema.Model.GetRootAs(buf, 0)
+    types_by_value = {
+        value: name.lower()
+        for name, value in vars(schema.TensorType).items()
+        if not name.startswith("_") and isinstance(value, int)
+    }
+    for i in range(root.SignatureDefsLength()):
+        signature = root.SignatureDefs(i)
+        if signature.SignatureKey().decode() == VIEW_SIGNATURE:
+            break
+    else:
+        return None
+    graph = root.Subgraphs(signature.SubgraphIndex())
+
+    def describe(tensor_map) -> dict:
+        tensor = graph.Tensors(tensor_map.TensorIndex())
+        dtype = types_by_value.get(tensor.Type(), f"type{tensor.Type()}")
+        quant = tensor.Quantization()
+        quantized = quant is not None and quant.ScaleLength() > 0 and not dtype.startswith("float")
+        return {
+            "name": tensor_map.Name().decode(),
+            "shape": [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else [],
+            "dtype": dtype,
+            "scale": float(quant.Scale(0)) if quantized else None,
+            "zero_point": int(quant.ZeroPoint(0)) if quantized else None,
+        }
+
+    inputs = [describe(signature.Inputs(j)) for j in range(signature.InputsLength())]
+    outputs = [describe(signature.Outputs(j)) for j in range(signature.OutputsLength())]
+    for entry in outputs:
+        match = re.fullmatch(r"attention_(\d+)", entry["name"])
+        if match is None:
+            raise ValueError(
+                f"unexpected output {entry['name']!r} in the {VIEW_SIGNATURE!r} signature"
+            )
+        entry["layer"] = int(match.group(1))
+    outputs.sort(key=lambda entry: entry["layer"])
+    return {
+        "signature": VIEW_SIGNATURE,
+        "subgraph": int(signature.SubgraphIndex()),
+        "input": inputs[0] if len(inputs) == 1 else inputs,
+        "outputs": [
+            {
+                "name": e["name"],
+                "layer": e["layer"],
+                **{k: e[k] for k in ("shape", "dtype", "scale", "zero_point")},
+            }
+            for e in outputs
+        ],
+    }
+
+
+def without_view_signature(model: bytes) -> bytes:
+    """`model` with only subgraph 0 and its signature (for TFLite Micro).
+
+    TFLite Micro's Python interpreter (tflite-micro 0.dev2026) crashes in
+    `MicroAllocator::CommitStaticMemoryPlan` on any model with a second
+    subgraph, so a microcontroller build drops the attention signature.
+    Subgraph 0 is kept as it is; buffers only the view used stay, unused.
+    """
+    schema = _schema_module()
+    unpacked = schema.ModelT.InitFromObj(schema.Model.GetRootAs(bytearray(model), 0))
+    unpacked.subgraphs = unpacked.subgraphs[:1]
+    unpacked.signatureDefs = [s for s in unpacked.signatureDefs or [] if s.subgraphIndex == 0]
+    aligned = _aligned_buffer_type(schema)
+    unpacked.buffers = [_as_aligned(b, aligned) for b in unpacked.buffers]
+
+    import flatbuffers
+
+    builder = flatbuffers.Builder(len(model))
+    builder.Finish(unpacked.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())

@@ -11,7 +11,7 @@ fallback), without an interpreter:
   float tensor entering or leaving a compute op (a DEQUANTIZE -> float op ->
   QUANTIZE island, or a float model input/output);
 - `tflite_runtime_214_can_load(graph)`: whether tflite-runtime 2.14, the last
-  release of the old runtime, has kernels for every op (FIELD_NOTES.md).
+  release of the old runtime, has kernels for every op (docs/field_notes.md).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ INTEGER_IO = {"int8": "int8", "int16x8": "int16"}
 
 
 @dataclasses.dataclass(frozen=True)
-class TensorInfo:
+class GraphTensor:
     """One tensor of the subgraph."""
 
     index: int
@@ -60,12 +60,13 @@ class GraphInfo:
     """The main subgraph of a TFLite model."""
 
     ops: tuple[OpInfo, ...]
-    tensors: tuple[TensorInfo, ...]
+    tensors: tuple[GraphTensor, ...]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     num_subgraphs: int
+    signatures: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> subgraph
 
-    def tensor(self, index: int) -> TensorInfo:
+    def tensor(self, index: int) -> GraphTensor:
         return self.tensors[index]
 
 
@@ -96,8 +97,8 @@ def _dtype_name(tensor_type: int) -> str:
     return _enum_names()[1].get(tensor_type, f"type{tensor_type}").lower()
 
 
-def read_graph(model: bytes) -> GraphInfo:
-    """Parse the flatbuffer `model` (bytes of a .tflite file)."""
+def read_graph(model: bytes, subgraph: int = 0) -> GraphInfo:
+    """Parse subgraph `subgraph` of the flatbuffer `model` (bytes of a .tflite file)."""
     schema = _schema()
     builtin_names, _ = _enum_names()
     buf = bytearray(model)
@@ -116,7 +117,7 @@ def read_graph(model: bytes) -> GraphInfo:
             name = builtin_names.get(builtin, f"BUILTIN_{builtin}")
         opcodes.append((name, code.Version()))
 
-    graph = root.Subgraphs(0)
+    graph = root.Subgraphs(subgraph)
     tensors = []
     for i in range(graph.TensorsLength()):
         t = graph.Tensors(i)
@@ -132,7 +133,7 @@ def read_graph(model: bytes) -> GraphInfo:
             tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else None
         )
         tensors.append(
-            TensorInfo(
+            GraphTensor(
                 index=i,
                 name=(t.Name() or b"").decode(errors="replace"),
                 shape=tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else (),
@@ -161,6 +162,10 @@ def read_graph(model: bytes) -> GraphInfo:
         inputs=tuple(int(x) for x in graph.InputsAsNumpy()),
         outputs=tuple(int(x) for x in graph.OutputsAsNumpy()),
         num_subgraphs=root.SubgraphsLength(),
+        signatures={
+            root.SignatureDefs(i).SignatureKey().decode(): root.SignatureDefs(i).SubgraphIndex()
+            for i in range(root.SignatureDefsLength())
+        },
     )
 
 
@@ -196,7 +201,8 @@ def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
 
     Checks: `builtin_only` (no custom or Flex ops: a plain runtime has no
     kernels for them), `batch_one` (inputs and outputs have a fixed batch of
-    1 and no dynamic dimension), `single_subgraph`, and for `int8` (and
+    1 and no dynamic dimension), `single_subgraph` (one subgraph per
+    signature: the classifier's, and the attention `view`), and for `int8` (and
     `int16x8`) `fully_integer`: model input/output int8 (int16; int32 token
     ids as input) and no float tensor read or written by any op other than
     QUANTIZE/DEQUANTIZE.
@@ -206,8 +212,11 @@ def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
         "batch_one": [],
         "single_subgraph": [],
     }
-    if graph.num_subgraphs != 1:
-        problems["single_subgraph"].append(f"{graph.num_subgraphs} subgraphs")
+    expected = max(1, len(set(graph.signatures.values())))
+    if graph.num_subgraphs != expected:
+        problems["single_subgraph"].append(
+            f"{graph.num_subgraphs} subgraphs for {len(graph.signatures)} signature(s)"
+        )
     for kind, indices in (("input", graph.inputs), ("output", graph.outputs)):
         for index in indices:
             tensor = graph.tensor(index)
@@ -233,7 +242,7 @@ def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
 def tflite_runtime_214_can_load(graph: GraphInfo) -> bool:
     """Whether tflite-runtime 2.14 has a kernel for every op of the graph.
 
-    Known gaps, measured (FIELD_NOTES.md; tests/test_export.py checks them
+    Known gaps, measured (docs/field_notes.md; tests/test_export_graph.py checks them
     against tflite-runtime 2.14 when `.venv-edge-tflite` exists):
     FULLY_CONNECTED version 12 (TF 2.21's dynamic-range kernel: "Didn't find
     op"), RSQRT on int16 ("Type INT16 is unsupported by op Rsqrt") and DIV on

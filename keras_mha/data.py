@@ -34,11 +34,11 @@ validation split (for early stopping) is carved from what remains.
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
 import re
 
 import numpy as np
+
+from keras_mha_edge.vocab import TOKEN_PATTERN, Vocab
 
 DATASETS = ("digits", "pronouns")
 CUES = ("number", "semantic", "both")
@@ -47,8 +47,6 @@ TEST_FRACTION = 0.2
 VALIDATION_FRACTION = 0.1
 
 PAD, UNK = "<pad>", "<unk>"
-# Words, digits and apostrophes ("didn't" is one token); punctuation is dropped.
-TOKEN_PATTERN = r"[a-z0-9']+"
 PRONOUNS_MAX_LENGTH = 16
 PRONOUNS_SAMPLES = 7500
 # (cue, number of nouns), generated in equal shares.
@@ -192,74 +190,17 @@ def load_digits(seed: int = 0) -> Dataset:
 
 
 # ------------------------------------------------------------------- vocab
-@dataclasses.dataclass
-class Vocab:
-    """Word-level vocabulary, stored as `vocab.json` (docs/artifacts.md).
-
-    Tokenization needs nothing but this file and Python's `re`:
-    `re.findall(token_pattern, text.lower())`, unknown words -> `unk_id`,
-    truncated / padded with `pad_id` to `max_length`.
-    """
-
-    tokens: list[str]
-    max_length: int
-    pad_id: int = 0
-    unk_id: int = 1
-    lowercase: bool = True
-    token_pattern: str = TOKEN_PATTERN
-
-    def __post_init__(self) -> None:
-        self._ids = {token: i for i, token in enumerate(self.tokens)}
-
-    def tokenize(self, text: str) -> list[str]:
-        return re.findall(self.token_pattern, text.lower() if self.lowercase else text)
-
-    def encode(self, texts) -> np.ndarray:
-        """Token ids, int32 `(N, max_length)`, for a string or a list of them."""
-        if isinstance(texts, str):
-            texts = [texts]
-        out = np.full((len(texts), self.max_length), self.pad_id, dtype="int32")
-        for row, text in enumerate(texts):
-            ids = [self._ids.get(word, self.unk_id) for word in self.tokenize(text)]
-            ids = ids[: self.max_length]
-            out[row, : len(ids)] = ids
-        return out
-
-    def decode(self, ids) -> list[str]:
-        """Token strings of one row of ids, padding dropped."""
-        return [self.tokens[int(i)] for i in ids if int(i) != self.pad_id]
-
-    def to_json(self) -> dict:
-        return {
-            "tokens": list(self.tokens),
-            "pad_id": self.pad_id,
-            "unk_id": self.unk_id,
-            "max_length": self.max_length,
-            "lowercase": self.lowercase,
-            "token_pattern": self.token_pattern,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict) -> Vocab:
-        return cls(
-            tokens=list(data["tokens"]),
-            max_length=int(data["max_length"]),
-            pad_id=int(data["pad_id"]),
-            unk_id=int(data["unk_id"]),
-            lowercase=bool(data.get("lowercase", True)),
-            token_pattern=data.get("token_pattern", TOKEN_PATTERN),
-        )
-
-    def save(self, path: str | pathlib.Path) -> None:
-        pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
-
-    @classmethod
-    def load(cls, path: str | pathlib.Path) -> Vocab:
-        return cls.from_json(json.loads(pathlib.Path(path).read_text()))
+# The vocabulary class is the device's (keras_mha_edge.vocab): training
+# writes vocab.json through the same class that export and the edge demo read
+# it with, so a vocabulary the device would refuse cannot be written.
 
 
 def pronouns_vocab() -> Vocab:
-    """`<pad>`, `<unk>`, then every word the grammar can produce, sorted."""
+    """`<pad>`, `<unk>`, then every word the grammar can produce, sorted.
+
+    Words are found with the vocabulary's TOKEN_PATTERN: letters, digits and
+    apostrophes ("didn't" is one token); punctuation is dropped.
+    """
     phrases = [
         "the to",
         *TWO_NOUN_VERBS,

@@ -4,7 +4,7 @@
   Keras's `LayerNormalization` computes `-mean * inv` internally; the TFLite
   converter keeps that NEG in float, which leaves float islands in a "full
   int8" model and makes int16x8 conversion fail. This one converts to a fully
-  integer graph in both modes (see FIELD_NOTES.md).
+  integer graph in both modes (docs/field_notes.md).
 - `PositionalEncoding`: sinusoidal (the original Transformer's) or learned.
 - `TransformerEncoderBlock`: post-norm encoder block (attention, residual,
   norm, feed-forward, residual, norm), with our `MultiHeadAttention`.
@@ -241,14 +241,17 @@ class TransformerEncoderBlock(keras.layers.Layer):
             )
             attended, scores = out if return_attention_scores else (out, None)
         else:
-            attended, scores = self.attention(
+            # Scores only when asked: without them, the fused attention may
+            # take ops.dot_product_attention on JAX and PyTorch.
+            out = self.attention(
                 x,
                 query_mask=mask,
                 value_mask=mask,
                 training=training,
                 head_mask=head_mask,
-                return_attention_scores=True,
+                return_attention_scores=return_attention_scores,
             )
+            attended, scores = out if return_attention_scores else (out, None)
         x = self.attention_norm(x + self.attention_dropout(attended, training=training))
         ffn = self._ffn_out(self._ffn_in(x))
         x = self.ffn_norm(x + self.ffn_dropout(ffn, training=training))

@@ -188,5 +188,50 @@ def forward(model: keras.Model, x, head_masks=None, return_attention_scores=Fals
     return probs
 
 
+def attention_output_name(layer: int) -> str:
+    """Name of encoder block `layer`'s attention weights: `attention_{layer}`."""
+    return f"attention_{layer}"
+
+
+class _AttentionWeights(keras.layers.Layer):
+    """Runs a classifier's layers and returns every block's attention weights.
+
+    Holds the classifier itself (its layers and variables, not copies), so a
+    model built on it follows any later change of the weights.
+    """
+
+    def __init__(self, classifier: keras.Model, **kwargs):
+        super().__init__(**kwargs)
+        self.classifier = classifier
+
+    def call(self, x):
+        _, scores = forward(self.classifier, x, return_attention_scores=True, training=False)
+        return {attention_output_name(i): s for i, s in enumerate(scores)}  # each (B, h, T, S)
+
+
+def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Model:
+    """A model from the classifier's input to the attention weights of every head.
+
+    Shares the classifier's weights (no copy). Its output is a dict in layer
+    order, `{"attention_0": (B, h_0, T, T), "attention_1": ...}`, equal to
+    `forward(model, x, return_attention_scores=True)[1]` with dropout off.
+    The export traces it at `batch_size=1`, like the classifier; it stops at
+    the last block's softmax, so it converts with builtin ops only and an
+    integer model keeps it integer (softmax outputs have a fixed scale).
+    """
+    encoder_blocks(model)  # a clear error for a model without keras_mha blocks
+    if batch_size is not None and (
+        isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
+    ):
+        raise ValueError(
+            "Received an invalid value for argument `batch_size`, expected a positive "
+            f"integer or None. Received: batch_size={batch_size!r}"
+        )
+    spec = model.inputs[0]
+    inputs = keras.Input(spec.shape[1:], batch_size=batch_size, dtype=spec.dtype, name="inputs")
+    outputs = _AttentionWeights(model, name="attention_weights")(inputs)
+    return keras.Model(inputs, outputs, name=f"{model.name}_attention")
+
+
 def count_params(model: keras.Model) -> int:
     return int(sum(np.prod(w.shape) for w in model.weights))

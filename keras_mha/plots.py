@@ -7,6 +7,7 @@ backend, so importing this module costs nothing and needs no display.
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -57,6 +58,14 @@ def save_training_curves(
     plt.close(fig)
 
 
+def _short_ticks(names: list[str]) -> tuple[list[str], str]:
+    """`["row 0", "row 1", ...]` -> `(["0", "1", ...], "row")`; other names as they are."""
+    prefixes = {name.rsplit(" ", 1)[0] for name in names if " " in name}
+    if len(prefixes) == 1 and all(re.fullmatch(r".+ \d+", name) for name in names):
+        return [name.rsplit(" ", 1)[1] for name in names], f"{prefixes.pop()} "
+    return names, ""
+
+
 def save_attention_heads(
     scores: Sequence[np.ndarray],
     tokens: Sequence[Sequence[str]],
@@ -66,54 +75,63 @@ def save_attention_heads(
 ) -> None:
     """The attention map of every head of every layer for a few samples.
 
-    One row per (sample, layer), one column per head: the lesson's heads
-    looking at "different information subspaces", side by side.
+    One block per sample (its title above it), one row per layer, one column
+    per head: the lesson's heads looking at "different information
+    subspaces", side by side, on one 0-1 colour scale shown by a colour bar.
 
     Args:
         scores: One array per encoder layer, `(B, h, T, T)` attention
             weights (query positions down, key positions across).
         tokens: For each sample, the names of its tokens; a sample with
-            fewer names than `T` (padding) is cropped to them.
+            fewer names than `T` (padding) is cropped to them. Names like
+            `"row 3"` are shown as `3` under an axis label `query row`.
         path: Where to write the PNG.
         sample_titles: One label per sample (e.g. true and predicted class).
         images: Optional `(B, H, W)` inputs drawn in an extra first column.
     """
     plt = _pyplot()
     scores = [np.asarray(s) for s in scores]
-    samples = len(tokens)
-    layers = len(scores)
+    samples, layers = len(tokens), len(scores)
     max_heads = max(s.shape[1] for s in scores)
     extra = 0 if images is None else 1
-    rows, cols = samples * layers, max_heads + extra
     longest = max(len(t) for t in tokens)
-    cell = max(2.2, 0.28 * longest)
-    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols, cell * rows), squeeze=False)
-    for b in range(samples):
-        names = list(tokens[b])
+    cell = max(2.3, 0.24 * longest + 0.9)  # room for one tick label per token at 8 pt
+    width = cell * (max_heads + extra) + 1.0  # + the colour bar
+    fig = plt.figure(figsize=(width, (cell * layers + 0.45) * samples + 0.4), layout="constrained")
+    fig.suptitle("Attention weights per head (rows: query token, columns: key token)", fontsize=11)
+    blocks = fig.subfigures(samples, 1, squeeze=False)[:, 0]
+    for b, block in enumerate(blocks):
+        names, axis = _short_ticks([str(t) for t in tokens[b]])
         n = len(names)
+        if sample_titles:
+            block.suptitle(sample_titles[b], fontsize=10, x=0.02, ha="left")
+        axes = block.subplots(layers, max_heads + extra, squeeze=False)
+        image = None
         for layer, layer_scores in enumerate(scores):
-            row = b * layers + layer
             if extra:
-                ax = axes[row, 0]
+                ax = axes[layer, 0]
                 if layer == 0:
                     ax.imshow(images[b], cmap="gray_r")
-                    if sample_titles:
-                        ax.set_title(sample_titles[b], fontsize=9)
+                    ax.set_title("input", fontsize=9)
                 ax.axis("off")
             for head in range(max_heads):
-                ax = axes[row, head + extra]
+                ax = axes[layer, head + extra]
                 if head >= layer_scores.shape[1]:
                     ax.axis("off")
                     continue
-                weights = layer_scores[b, head, :n, :n]
-                ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0)
-                ax.set_xticks(range(n), names, rotation=90, fontsize=7)
-                ax.set_yticks(range(n), names, fontsize=7)
-                heading = f"layer {layer} head {head}"
-                if head == 0 and sample_titles and not extra:
-                    heading = f"{sample_titles[b]}\n{heading}"
-                ax.set_title(heading, fontsize=8, loc="left" if head == 0 else "center")
-    fig.suptitle("Attention weights per head (rows: query token, columns: key token)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+                image = ax.imshow(layer_scores[b, head, :n, :n], cmap="viridis", vmin=0.0, vmax=1.0)
+                ax.set_title(f"layer {layer} head {head}", fontsize=9)
+                ax.set_xticks(range(n), names if layer == layers - 1 else [""] * n, fontsize=8)
+                ax.set_yticks(range(n), names if head == 0 else [""] * n, fontsize=8)
+                if axis or n > 8:
+                    ax.tick_params(axis="x", labelrotation=0 if axis else 90)
+                if axis and head == 0:
+                    ax.set_ylabel(f"query {axis.strip()}", fontsize=8)
+                if axis and layer == layers - 1:
+                    ax.set_xlabel(f"key {axis.strip()}", fontsize=8)
+        if image is not None:
+            bar = block.colorbar(image, ax=axes[:, extra:].ravel().tolist(), shrink=0.9, aspect=30)
+            bar.set_label("attention weight (0 to 1)", fontsize=8)
+            bar.ax.tick_params(labelsize=8)
+    fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,2 +1,16 @@
 # micro: see the Makefile. Fragments append to TEST_PREREQS (made before the
 # main pytest run) and TEST_AFTER (targets run after it, still part of make test).
+#
+# TensorFlow Lite Micro's Python interpreter in its own TensorFlow-free venv,
+# for edge_demo/micro.py and tests/test_micro.py (KERAS_MHA_MICRO_PYTHON).
+MICRO_VENV := .venv-edge-micro
+MICRO_PY := $(MICRO_VENV)/bin/python
+
+.PHONY: micro-venv
+micro-venv: $(MICRO_VENV)/.installed
+$(MICRO_VENV)/.installed: edge_demo/requirements-tflite-micro.txt
+	test -x $(MICRO_PY) || $(PYTHON) -m venv $(MICRO_VENV)
+	$(MICRO_PY) -m pip install -q -r edge_demo/requirements-tflite-micro.txt
+	touch $@
+
+TEST_PREREQS += micro-venv

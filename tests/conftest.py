@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -17,8 +18,14 @@ def make_digits_run(out: pathlib.Path, epochs: int = 40, seed: int = 0, **config
 
     `keras_mha.train.train` with a small model: one encoder block, d_model 16,
     2 heads, ff_dim 32, no dropout, mean pooling; `config` overrides
-    ModelConfig fields. Batch 32, no shifted copies. Measured: ~10 s, 96.1%
-    test accuracy, int8 and int16x8 exports agreeing on all 360 test digits.
+    ModelConfig fields. Batch 32, no shifted copies, ~10-30 s.
+
+    What it reaches depends on the CPU (training is deterministic on one
+    machine only): on AMD EPYC (2 cores) 93.6 % test accuracy for seeds 0
+    and 2, 95.8 % for seed 1; 96.1 % on the machine this fixture was first
+    measured on. Tests that use it assert what holds on any CPU (learning
+    far above chance, a mode against the float model of the same run),
+    never these figures.
     """
     from keras_mha.train import train
 
@@ -49,3 +56,33 @@ def make_digits_run(out: pathlib.Path, epochs: int = 40, seed: int = 0, **config
 def digits_run(tmp_path_factory) -> pathlib.Path:
     """A trained digits run directory, made once per test session. Read-only."""
     return make_digits_run(tmp_path_factory.mktemp("digits_run") / "run")
+
+
+@pytest.fixture(scope="session")
+def augmented_run(tmp_path_factory) -> pathlib.Path:
+    """A short digits run (3 epochs) with dropout and the shifted copies. Read-only.
+
+    Far from converged on purpose: the fine-tune tests need room to improve.
+    """
+    from keras_mha.train import train
+
+    out = tmp_path_factory.mktemp("augmented") / "run"
+    options = dict(d_model=16, num_heads=2, num_layers=1, ff_dim=32, pooling="mean")
+    train("digits", out, epochs=3, shift_augment=True, dropout=0.1, verbose=0, **options)
+    return out
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A read-only file system (a tmpfs mounted ro; needs root, as CI runs)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)]
+    try:
+        done = subprocess.run(mount, capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        pytest.skip("no mount command")
+    if done.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.strip()}")
+    yield ro
+    subprocess.run(["umount", str(ro)], check=True)

@@ -14,7 +14,10 @@ import pytest
 
 from keras_mha import MultiHeadAttention
 
-RNG = np.random.default_rng(0)
+npy = keras.ops.convert_to_numpy  # np.asarray fails on torch tensors that require grad
+TF_ONLY = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="uses TensorFlow APIs (see the test)"
+)
 
 
 def randn(*shape, seed=0):
@@ -43,8 +46,8 @@ def lesson_mha(layer: MultiHeadAttention, q, k, v, mask=None):
         heads.append(a @ vi)
         weights.append(a)
     concat = np.concatenate(heads, axis=-1)  # Concat(head_1, ..., head_h)
-    w_o = keras.ops.convert_to_numpy(layer.output_kernel)
-    b_o = keras.ops.convert_to_numpy(layer.output_bias)
+    w_o = npy(layer.output_kernel).reshape(-1, layer.output_kernel.shape[-1])  # (h*d_v, d_out)
+    b_o = npy(layer.output_bias)
     return concat @ w_o + b_o, np.stack(weights, axis=1)
 
 
@@ -56,17 +59,20 @@ def test_basics_shapes_weights_and_config():
     assert y.shape == (2, 5, 16)
     assert scores.shape == (2, 4, 5, 5)
     assert (layer.d_model, layer.d_k, layer.d_v) == (16, 4, 4)
-    shapes = {w.path.split("/")[-1]: tuple(w.shape) for w in layer.weights}
+    # Keras's layout and paths: the head is an axis of every kernel.
+    shapes = {w.path: tuple(w.shape) for w in layer.weights}
     assert shapes == {
-        "query_kernel": (4, 16, 4),
-        "query_bias": (4, 4),
-        "key_kernel": (4, 16, 4),
-        "key_bias": (4, 4),
-        "value_kernel": (4, 16, 4),
-        "value_bias": (4, 4),
-        "output_kernel": (16, 16),
-        "output_bias": (16,),
+        "mha/query/kernel": (16, 4, 4),
+        "mha/query/bias": (4, 4),
+        "mha/key/kernel": (16, 4, 4),
+        "mha/key/bias": (4, 4),
+        "mha/value/kernel": (16, 4, 4),
+        "mha/value/bias": (4, 4),
+        "mha/attention_output/kernel": (4, 4, 16),
+        "mha/attention_output/bias": (16,),
     }
+    assert layer.query_kernel is layer.query_dense.kernel is layer.weights[0]
+    assert layer.output_bias is layer.output_dense.bias
     # Same parameter count as Keras's layer with the same sizes.
     ref = keras.layers.MultiHeadAttention(num_heads=4, key_dim=4)
     ref(x, x)
@@ -74,15 +80,16 @@ def test_basics_shapes_weights_and_config():
     clone = MultiHeadAttention.from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
     assert layer.compute_output_shape((None, 7, 16)) == (None, 7, 16)
-    np.testing.assert_allclose(np.asarray(scores).sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(npy(scores).sum(-1), 1.0, atol=1e-6)
 
 
 def test_lesson_default_dims_768_by_12_is_64():
     layer = MultiHeadAttention(num_heads=12)
     layer.build((None, None, 768))
     assert layer.d_k == layer.d_v == 64
-    assert tuple(layer.query_kernel.shape) == (12, 768, 64)
-    assert tuple(layer.output_kernel.shape) == (12 * 64, 768)
+    assert tuple(layer.query_kernel.shape) == (768, 12, 64)  # W_i^Q = [:, i, :]
+    assert tuple(layer.output_kernel.shape) == (12, 64, 768)  # head i's rows of W^O = [i]
+    assert layer.head_weights(11)["query_kernel"].shape == (768, 64)
 
 
 def test_hand_sized_case_matches_numpy_lesson():
@@ -93,25 +100,26 @@ def test_hand_sized_case_matches_numpy_lesson():
         layer.implementation = implementation
         y, scores = layer(x, return_attention_scores=True)
         ref_y, ref_scores = lesson_mha(layer, x, x, x)
-        np.testing.assert_allclose(np.asarray(y), ref_y, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(scores), ref_scores, atol=1e-6)
+        np.testing.assert_allclose(npy(y), ref_y, atol=1e-6)
+        np.testing.assert_allclose(npy(scores), ref_scores, atol=1e-6)
 
 
 def test_hand_built_weights_give_known_numbers():
     """W^Q = 0 makes every head attend uniformly: output = mean_s(x_s W_i^V) W^O."""
     layer = MultiHeadAttention(num_heads=2, use_bias=False)
     layer.build((None, None, 4))
-    layer.query_kernel.assign(np.zeros((2, 4, 2), "float32"))
-    layer.key_kernel.assign(np.ones((2, 4, 2), "float32"))
+    layer.query_kernel.assign(np.zeros((4, 2, 2), "float32"))
+    layer.key_kernel.assign(np.ones((4, 2, 2), "float32"))
     eye = np.eye(4, dtype="float32")
-    layer.value_kernel.assign(np.stack([eye[:, :2], eye[:, 2:]]))  # head 0: x[:2], head 1: x[2:]
-    layer.output_kernel.assign(2 * eye)  # W^O doubles the concatenation
+    # W_0^V reads x[:2], W_1^V reads x[2:]: value_kernel[:, i, :] is head i's.
+    layer.value_kernel.assign(np.stack([eye[:, :2], eye[:, 2:]], axis=1))
+    layer.output_kernel.assign((2 * eye).reshape(2, 2, 4))  # W^O doubles the concatenation
     x = np.array([[[1, 2, 3, 4], [5, 6, 7, 8], [0, 0, 0, 3]]], "float32")
     y, scores = layer(x, return_attention_scores=True)
-    np.testing.assert_allclose(np.asarray(scores), np.full((1, 2, 3, 3), 1 / 3), atol=1e-7)
+    np.testing.assert_allclose(npy(scores), np.full((1, 2, 3, 3), 1 / 3), atol=1e-7)
     expected = np.tile(2 * x.mean(axis=1, keepdims=True), (1, 3, 1))  # [[4, 5.333, 6.667, 10]]
-    np.testing.assert_allclose(np.asarray(y), expected, atol=1e-5)
-    assert np.isclose(float(y[0, 0, 3]), 10.0)
+    np.testing.assert_allclose(npy(y), expected, atol=1e-5)
+    assert np.isclose(float(npy(y)[0, 0, 3]), 10.0)
 
 
 # ------------------------------------------------------------ Keras parity
@@ -157,16 +165,16 @@ def test_parity_with_keras_multi_head_attention(
     got, got_scores = ours(
         query, value, attention_mask=mask, use_causal_mask=causal, return_attention_scores=True
     )
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(got_scores), np.asarray(want_scores), atol=1e-5)
+    np.testing.assert_allclose(npy(got), npy(want), atol=1e-5)
+    np.testing.assert_allclose(npy(got_scores), npy(want_scores), atol=1e-5)
     # Keras's fast path (no scores requested) agrees on every query row that
     # may attend somewhere (rows with nothing allowed are undefined there).
-    fast = np.asarray(ref(query, value, attention_mask=mask, use_causal_mask=causal))
+    fast = npy(ref(query, value, attention_mask=mask, use_causal_mask=causal))
     allowed = np.ones((batch, t, s), bool) if mask is None else mask.copy()
     if causal:
         allowed &= np.tril(np.ones((t, s), bool))
     rows = allowed.any(-1)
-    np.testing.assert_allclose(np.asarray(got)[rows], fast[rows], atol=1e-5)
+    np.testing.assert_allclose(npy(got)[rows], fast[rows], atol=1e-5)
 
 
 def test_parity_with_keras_masks_carried_by_inputs():
@@ -180,31 +188,32 @@ def test_parity_with_keras_masks_carried_by_inputs():
     ours = MultiHeadAttention.from_keras(ref)
     # Keras's layer clears the mask on its inputs, so embed afresh for each call.
     x = embed(ids)
-    want = np.asarray(ref(x, x, return_attention_scores=True)[0])
+    want = npy(ref(x, x, return_attention_scores=True)[0])
     x = embed(ids)
     got = ours(x)
-    np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+    np.testing.assert_allclose(npy(got), want, atol=1e-5)
     # The output carries the query's mask, as Keras's does.
-    np.testing.assert_array_equal(np.asarray(got._keras_mask), ids > 0)
+    np.testing.assert_array_equal(npy(got._keras_mask), ids > 0)
     # Padded keys are never attended to: changing padded embeddings changes nothing valid.
     explicit = (ids > 0)[:, None, :] & (ids > 0)[:, :, None]
-    x_plain = np.asarray(embed(ids))
+    x_plain = npy(embed(ids))
     noisy = np.where((ids > 0)[..., None], x_plain, 100.0).astype("float32")
     np.testing.assert_allclose(
-        np.asarray(ours(noisy, attention_mask=explicit))[ids > 0],
-        np.asarray(got)[ids > 0],
+        npy(ours(noisy, attention_mask=explicit))[ids > 0],
+        npy(got)[ids > 0],
         atol=1e-5,
     )
 
 
 def test_to_keras_round_trip_reproduces_outputs():
-    ours = MultiHeadAttention(num_heads=3, key_dim=5, value_dim=7, output_dim=11)
+    ours = MultiHeadAttention(num_heads=3, key_dim=5, value_dim=7, output_shape=11)
     q, v = randn(2, 4, 9, seed=8), randn(2, 6, 13, seed=9)
-    want = np.asarray(ours(q, v))
+    want = npy(ours(q, v))
     ref = ours.to_keras()
-    np.testing.assert_allclose(np.asarray(ref(q, v)), want, atol=1e-5)
+    # With scores: Keras 3.15's JAX fast path fails when value_dim != key_dim.
+    np.testing.assert_allclose(npy(ref(q, v, return_attention_scores=True)[0]), want, atol=1e-5)
     back = MultiHeadAttention.from_keras(ref)
-    np.testing.assert_allclose(np.asarray(back(q, v)), want, atol=1e-6)
+    np.testing.assert_allclose(npy(back(q, v)), want, atol=1e-6)
 
 
 # ------------------------------------------------------ the two computations
@@ -221,9 +230,9 @@ def test_per_head_equals_fused(causal):
     b, sb = per_head(
         q, v, attention_mask=mask, use_causal_mask=causal, return_attention_scores=True
     )
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
-    np.testing.assert_allclose(np.asarray(sa), np.asarray(sb), atol=1e-6)
-    assert np.abs(np.asarray(a)).max() > 0.1  # not trivially zero
+    np.testing.assert_allclose(npy(a), npy(b), atol=1e-6)
+    np.testing.assert_allclose(npy(sa), npy(sb), atol=1e-6)
+    assert np.abs(npy(a)).max() > 0.1  # not trivially zero
 
 
 @pytest.mark.parametrize("implementation", ["fused", "per_head"])
@@ -233,11 +242,11 @@ def test_concat_heads_is_what_w_o_multiplies(implementation):
     )
     q, v = randn(3, 6, 16, seed=20), randn(3, 8, 12, seed=21)
     mask = np.random.default_rng(22).random((3, 6, 8)) > 0.3
-    out = np.asarray(layer(q, v, attention_mask=mask, use_causal_mask=True))
-    concat = np.asarray(layer.concat_heads(q, v, attention_mask=mask, use_causal_mask=True))
+    out = npy(layer(q, v, attention_mask=mask, use_causal_mask=True))
+    concat = npy(layer.concat_heads(q, v, attention_mask=mask, use_causal_mask=True))
     assert concat.shape == (3, 6, 4 * layer.d_v)
-    w_o, b_o = np.asarray(layer.output_kernel), np.asarray(layer.output_bias)
-    np.testing.assert_allclose(concat @ w_o + b_o, out, atol=1e-5)
+    w_o, b_o = npy(layer.output_kernel), npy(layer.output_bias)  # (h, d_v, d_out)
+    np.testing.assert_allclose(concat @ w_o.reshape(4 * layer.d_v, -1) + b_o, out, atol=1e-5)
     # Head i fills columns i*d_v:(i+1)*d_v: the lesson's numpy head 2, and
     # nothing else when only head 2 is on.
     w = layer.head_weights(2)
@@ -252,7 +261,7 @@ def test_concat_heads_is_what_w_o_multiplies(implementation):
     head_2 = weights @ (v @ w["value_kernel"] + w["value_bias"])
     d_v = layer.d_v
     np.testing.assert_allclose(concat[..., 2 * d_v : 3 * d_v], head_2, atol=1e-5)
-    only_2 = np.asarray(
+    only_2 = npy(
         layer.concat_heads(
             q, v, attention_mask=mask, use_causal_mask=True, head_mask=np.eye(4, dtype="float32")[2]
         )
@@ -263,11 +272,12 @@ def test_concat_heads_is_what_w_o_multiplies(implementation):
     as_f64 = layer.concat_heads(
         q.astype("float64"), v.astype("float64"), attention_mask=mask, use_causal_mask=True
     )
-    np.testing.assert_allclose(np.asarray(as_f64), concat, atol=1e-6)
+    np.testing.assert_allclose(npy(as_f64), concat, atol=1e-6)
     with pytest.raises(ValueError, match="needs a built layer"):
         MultiHeadAttention(num_heads=2).concat_heads(q)
 
 
+@TF_ONLY  # tf.GradientTape: the backend-neutral check is the SGD step below
 def test_gradients_reach_every_head_and_w_o():
     import tensorflow as tf
 
@@ -278,29 +288,54 @@ def test_gradients_reach_every_head_and_w_o():
             loss = tf.reduce_sum(layer(x) ** 2)
         grads = dict(
             zip(
-                [w.path.split("/")[-1] for w in layer.trainable_weights],
+                [w.path.split("/", 1)[-1] for w in layer.trainable_weights],
                 tape.gradient(loss, layer.trainable_weights),
             )
         )
-        for name in ("query_kernel", "key_kernel", "value_kernel", "query_bias", "value_bias"):
-            per_head = np.abs(grads[name].numpy()).reshape(4, -1).sum(-1)
+        for name in ("query/kernel", "key/kernel", "value/kernel"):
+            per_head = np.abs(grads[name].numpy()).sum((0, 2))  # (d_in, h, d) -> (h,)
             assert (per_head > 1e-6).all(), (implementation, name, per_head)
-        w_o = np.abs(grads["output_kernel"].numpy()).reshape(4, 2, 8).sum((1, 2))
+        for name in ("query/bias", "value/bias"):
+            per_head = np.abs(grads[name].numpy()).sum(-1)  # (h, d) -> (h,)
+            assert (per_head > 1e-6).all(), (implementation, name, per_head)
+        w_o = np.abs(grads["attention_output/kernel"].numpy()).sum((1, 2))
         assert (w_o > 1e-6).all()
         # Key bias shifts every score of a row equally: softmax ignores it.
-        assert np.abs(grads["key_bias"].numpy()).max() < 1e-5
+        assert np.abs(grads["key/bias"].numpy()).max() < 1e-5
+
+
+@pytest.mark.parametrize("implementation", ["fused", "per_head"])
+def test_one_sgd_step_moves_every_head(implementation):
+    """Backend-neutral: one SGD step through `fit` changes each head's slice
+    of every kernel (so gradients reach it) and leaves the key bias, which
+    softmax ignores, where it was."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5, 8))
+    layer = MultiHeadAttention(num_heads=4, implementation=implementation)
+    model = keras.Model(inputs, layer(inputs))
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    before = {w.path: npy(w).copy() for w in layer.weights}
+    model.fit(randn(2, 5, 8, seed=13), randn(2, 5, 8, seed=14), epochs=1, verbose=0)
+    moved = {w.path: np.abs(npy(w) - before[w.path]) for w in layer.weights}
+    name = layer.name
+    for proj in ("query", "key", "value"):
+        per_head = moved[f"{name}/{proj}/kernel"].sum((0, 2))  # (h,)
+        assert (per_head > 1e-6).all(), (proj, per_head)
+    assert (moved[f"{name}/attention_output/kernel"].sum((1, 2)) > 1e-6).all()
+    assert (moved[f"{name}/value/bias"].sum(-1) > 1e-6).all()
+    assert moved[f"{name}/key/bias"].max() < 1e-6
 
 
 def test_head_mask_silences_a_head_and_pruning_removes_it():
     layer = MultiHeadAttention(num_heads=4, bias_initializer="random_normal")
     x = randn(2, 5, 8, seed=14)
-    full = np.asarray(layer(x))
-    masked = np.asarray(layer(x, head_mask=np.array([1, 0, 1, 0], "float32")))
+    full = npy(layer(x))
+    masked = npy(layer(x, head_mask=np.array([1, 0, 1, 0], "float32")))
     assert np.abs(masked - full).max() > 1e-3
     pruned = layer.pruned([0, 2])
     assert pruned.num_heads == 2 and pruned.d_k == layer.d_k
     assert pruned.count_params() == layer.count_params() - 2 * (3 * 8 * 2 + 3 * 2) - 2 * 2 * 8
-    np.testing.assert_allclose(np.asarray(pruned(x)), masked, atol=1e-6)
+    np.testing.assert_allclose(npy(pruned(x)), masked, atol=1e-6)
     w = layer.head_weights(2)
     np.testing.assert_array_equal(pruned.head_weights(1)["value_kernel"], w["value_kernel"])
     np.testing.assert_array_equal(pruned.head_weights(1)["output_kernel"], w["output_kernel"])
@@ -309,22 +344,20 @@ def test_head_mask_silences_a_head_and_pruning_removes_it():
 def test_dropout_only_in_training_and_deterministic_for_seed():
     x = randn(2, 6, 8, seed=15)
     layer = MultiHeadAttention(num_heads=2, dropout=0.5, seed=3)
-    a = np.asarray(layer(x, training=False))
-    b = np.asarray(layer(x))
+    a = npy(layer(x, training=False))
+    b = npy(layer(x))
     np.testing.assert_array_equal(a, b)
     c, scores = layer(x, training=True, return_attention_scores=True)
-    assert np.abs(np.asarray(c) - a).max() > 1e-3
+    assert np.abs(npy(c) - a).max() > 1e-3
     # The returned scores are the attention weights before dropout.
-    np.testing.assert_allclose(np.asarray(scores).sum(-1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(npy(scores).sum(-1), 1.0, atol=1e-6)
     other = MultiHeadAttention(num_heads=2, dropout=0.5, seed=3)
     other(x)
     other.set_weights(layer.get_weights())
     layer2 = MultiHeadAttention(num_heads=2, dropout=0.5, seed=3)
     layer2(x)
     layer2.set_weights(layer.get_weights())
-    np.testing.assert_array_equal(
-        np.asarray(other(x, training=True)), np.asarray(layer2(x, training=True))
-    )
+    np.testing.assert_array_equal(npy(other(x, training=True)), npy(layer2(x, training=True)))
 
 
 def test_causal_mask_blocks_the_future():
@@ -332,13 +365,13 @@ def test_causal_mask_blocks_the_future():
     x = randn(1, 4, 8, seed=16)
     _, scores = layer(x, use_causal_mask=True, return_attention_scores=True)
     upper = np.triu(np.ones((4, 4), bool), k=1)
-    assert np.abs(np.asarray(scores)[0][:, upper]).max() == 0.0
+    assert np.abs(npy(scores)[0][:, upper]).max() == 0.0
     # Changing a later token does not change earlier outputs.
     x2 = x.copy()
     x2[0, 3] += 5.0
     np.testing.assert_allclose(
-        np.asarray(layer(x2, use_causal_mask=True))[0, :3],
-        np.asarray(layer(x, use_causal_mask=True))[0, :3],
+        npy(layer(x2, use_causal_mask=True))[0, :3],
+        npy(layer(x, use_causal_mask=True))[0, :3],
         atol=1e-6,
     )
 
@@ -367,7 +400,7 @@ def test_save_load_round_trip_in_a_fresh_process(tmp_path):
     model = keras.Model(inputs, h)
     x = randn(3, 5, 8, seed=18)
     np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "want.npy", np.asarray(model(x)))
+    np.save(tmp_path / "want.npy", npy(model(x)))
     model.save(tmp_path / "m.keras")
     script = textwrap.dedent(
         f"""
@@ -375,7 +408,7 @@ def test_save_load_round_trip_in_a_fresh_process(tmp_path):
         import keras_mha
         m = keras.saving.load_model({str(tmp_path / "m.keras")!r})
         layer = m.layers[1]
-        got = np.asarray(m(np.load({str(tmp_path / "x.npy")!r})))
+        got = keras.ops.convert_to_numpy(m(np.load({str(tmp_path / "x.npy")!r})))
         want = np.load({str(tmp_path / "want.npy")!r})
         print(json.dumps({{"diff": float(np.abs(got - want).max()),
                           "cls": type(layer).__module__ + "." + type(layer).__name__,
@@ -394,6 +427,7 @@ def test_save_load_round_trip_in_a_fresh_process(tmp_path):
 
 
 @pytest.mark.slow
+@TF_ONLY  # tf.distribute.MirroredStrategy; JAX's ModelParallel is in test_attention_backends.py
 def test_trains_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
     script = textwrap.dedent(
         """
@@ -437,7 +471,13 @@ def test_trains_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
         ({"num_heads": True}, "argument `num_heads`"),
         ({"num_heads": 2, "key_dim": 0}, "argument `key_dim`"),
         ({"num_heads": 2, "value_dim": -3}, "argument `value_dim`"),
-        ({"num_heads": 2, "output_dim": 0}, "argument `output_dim`"),
+        ({"num_heads": 2, "output_shape": 0}, "Invalid `output_shape`"),
+        ({"num_heads": 2, "output_shape": 8.0}, "Invalid `output_shape`"),
+        ({"num_heads": 2, "output_shape": (4, -1)}, "Invalid `output_shape`"),
+        ({"num_heads": 2, "attention_axes": "time"}, "`attention_axes` must be"),
+        ({"num_heads": 2, "sliding_window": 0}, "`sliding_window` must be"),
+        ({"num_heads": 2, "sliding_window": True}, "`sliding_window` must be"),
+        ({"num_heads": 2, "dropout": 0.1, "flash_attention": True}, "Dropout is not supported"),
         ({"num_heads": 2, "dropout": 1.0}, r"argument `dropout`.*\[0, 1\)"),
         ({"num_heads": 2, "dropout": -0.1}, "argument `dropout`"),
         ({"num_heads": 2, "implementation": "loop"}, "argument `implementation`.*'loop'"),
@@ -454,17 +494,17 @@ def test_bad_call_inputs():
     with pytest.raises(ValueError, match="d_model=10, num_heads=4"):
         layer(randn(2, 3, 10))
     layer = MultiHeadAttention(num_heads=2)
-    with pytest.raises(ValueError, match="`query` must be a rank-3"):
+    with pytest.raises(ValueError, match="`query` must have rank >= 3"):
         layer(randn(2, 8))
-    with pytest.raises(ValueError, match="`query` must be a rank-3"):
-        layer(randn(2, 3, 4, 8))
-    with pytest.raises(ValueError, match="same sequence length"):
+    with pytest.raises(ValueError, match="except the last one, must be equal"):
         layer(randn(2, 3, 8), randn(2, 5, 8), randn(2, 4, 8))
-    with pytest.raises(ValueError, match=r"broadcastable to \(batch, T, S\)"):
+    with pytest.raises(ValueError, match=r"broadcastable to the attention scores"):
         layer(randn(2, 3, 8), attention_mask=np.ones((2, 4, 3), bool))
     with pytest.raises(ValueError, match=r"broadcastable"):
-        layer(randn(2, 3, 8), attention_mask=np.ones((1, 2, 3, 3), bool))
+        layer(randn(2, 3, 8), attention_mask=np.ones((1, 3, 3, 3), bool))  # 3 heads, not 2
     layer(randn(2, 3, 8))
+    with pytest.raises(ValueError, match="built for rank-3 inputs"):
+        layer(randn(2, 3, 4, 8))
     with pytest.raises(ValueError, match="`query` has 6 features but the layer was built for 8"):
         layer(randn(2, 3, 6))
     with pytest.raises(ValueError, match="`head_mask`"):

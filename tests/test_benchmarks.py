@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
-from conftest import REPO
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_attention_benchmark_reports_ratios_against_keras(tmp_path):

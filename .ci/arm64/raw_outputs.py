@@ -1,0 +1,50 @@
+"""Raw outputs of every mode of a bundle in LiteRT, to compare machines.
+
+usage: python3 raw_outputs.py BUNDLE OUT.npz   (from a folder holding edge_demo/)
+
+Each mode's model runs every eval sample at batch 1 with LiteRT's default
+delegate (XNNPACK, whose "Created ... XNNPACK delegate" line on stderr is
+left visible: test.sh requires it); the raw output tensor (int8, int16 or
+float32, before dequantization) is saved under the mode's name.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+from ai_edge_litert.interpreter import Interpreter
+
+from edge_demo.tensors import TensorSpec
+
+
+def main(bundle: pathlib.Path, out: pathlib.Path) -> int:
+    manifest = json.loads((bundle / "manifest.json").read_text(encoding="utf-8"))
+    with np.load(bundle / manifest["eval"]["file"], allow_pickle=False) as npz:
+        x = npz["x"]
+    raw = {}
+    for mode, entry in manifest["models"].items():
+        interpreter = Interpreter(
+            model_content=(bundle / entry["file"]).read_bytes(), num_threads=1
+        )
+        interpreter.allocate_tensors()
+        (inp,), (outp,) = interpreter.get_input_details(), interpreter.get_output_details()
+        rows = []
+        for sample in TensorSpec.from_detail(inp).quantize(x):
+            interpreter.set_tensor(inp["index"], sample[None])
+            interpreter.invoke()
+            rows.append(interpreter.get_tensor(outp["index"])[0].copy())
+        raw[mode] = np.stack(rows)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez(tmp, **raw)
+    tmp.replace(out)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        print("usage: raw_outputs.py BUNDLE OUT.npz", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(main(pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])))

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# make test-arm64: the edge demo on emulated 64-bit Raspberry Pi CPUs.
+#
+# Restores (or first builds, ~11 min) a Debian bookworm arm64 root file system
+# with numpy + LiteRT, copies edge_demo/ and the bundles in, and runs
+# `python3 -m edge_demo BUNDLE --json REPORT` as each CPU in ARM64_CPUS
+# (QEMU_CPU). Passes when every run exits 0 (every mode meets the manifest's
+# thresholds) and nothing says LiteRT ran without a usable CPU description.
+# Raw outputs are dumped beside, for comparison with x86-64 (summary.py).
+# Pitfalls handled here, each measured: docs/field_notes.md (64-bit ARM).
+#
+# usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE "TEXT"
+# env:   ARM64_CPUS (default "cortex-a72 cortex-a76"), ARM64_CACHE
+#        (default /var/cache/keras-mha), HOST_PYTHON (pip download, first build)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+out=${1:?usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE TEXT}
+digits=${2:?digits bundle}
+text_bundle=${3:?text bundle}
+sentence=${4:?a sentence for --text}
+cpus=${ARM64_CPUS-cortex-a72 cortex-a76}
+cache=${ARM64_CACHE:-/var/cache/keras-mha}
+chroot=$(command -v chroot || echo /usr/sbin/chroot)
+
+fail() { echo "test-arm64: FAIL: $*" >&2; exit 1; }
+
+[ -n "${cpus// /}" ] || fail "ARM64_CPUS is empty: name CPU models, e.g. cortex-a72 cortex-a76"
+for cpu in $cpus; do
+    # qemu's default "max" advertises SME/SVE2, on which XNNPACK's int8 kernels compute garbage.
+    case $cpu in max | host) fail "QEMU_CPU=$cpu: use a real core (cortex-a72, cortex-a76)" ;; esac
+    "$here/cpuinfo.sh" "$cpu" >/dev/null || fail "no /proc/cpuinfo for QEMU_CPU=$cpu in cpuinfo.sh"
+done
+for path in "$digits" "$text_bundle"; do
+    [ -f "$path/manifest.json" ] || { echo "test-arm64: $path is not a bundle (no manifest.json)" >&2; exit 2; }
+done
+[ "$(id -u)" = 0 ] || { echo "test-arm64: needs root (chroot, mount); make test does not" >&2; exit 2; }
+
+# --- host tools: Debian's packages ------------------------------------------------
+if ! command -v qemu-aarch64-static >/dev/null || ! command -v debootstrap >/dev/null ||
+    ! command -v update-binfmts >/dev/null || ! command -v zstd >/dev/null; then
+    echo "test-arm64: installing qemu-user-static debootstrap binfmt-support zstd"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static debootstrap binfmt-support zstd
+fi
+if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+fi
+if ! grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null; then
+    update-binfmts --enable qemu-aarch64
+fi
+grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 || fail "binfmt_misc has no enabled qemu-aarch64 entry"
+
+# --- the root file system, cached by the build script's sha256 ---------------------
+key=$(sha256sum "$here/build-rootfs.sh" | cut -d' ' -f1)
+archive=$cache/arm64-rootfs-$key.tar.zst
+if [ ! -f "$archive" ]; then
+    echo "test-arm64: no cached root file system ($archive): building it (~11 minutes)"
+    start=$(date +%s)
+    nice -n 15 "$here/build-rootfs.sh" "$archive"
+    echo "test-arm64: built in $(($(date +%s) - start)) s"
+fi
+
+root=$(mktemp -d /var/tmp/keras-mha-arm64.XXXXXX)
+cleanup() {
+    local status=$? m
+    for m in proc/cpuinfo dev sys proc; do
+        if mountpoint -q "$root/$m" 2>/dev/null; then
+            umount "$root/$m" 2>/dev/null || umount -l "$root/$m" || true
+        fi
+    done
+    # Never delete through a bind mount of the host's /dev.
+    if grep -q " $root" /proc/mounts; then
+        echo "test-arm64: mounts remain under $root; not deleting it" >&2
+        status=1
+    else
+        rm -rf "$root"
+    fi
+    exit $status
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+start=$(date +%s)
+tar --zstd -C "$root" -xf "$archive"
+echo "test-arm64: restored $archive in $(($(date +%s) - start)) s"
+
+# LiteRT's cpuinfo reads /proc and /sys (without them it silently skips XNNPACK).
+mount -t proc proc "$root/proc"
+mount -t sysfs sysfs "$root/sys"
+mount --bind /dev "$root/dev"
+
+app=$root/opt/app
+mkdir -p "$app/bundles" "$app/out"
+cp -r "$repo/edge_demo" "$app/edge_demo"
+rm -rf "$app/edge_demo/__pycache__"
+cp "$here/raw_outputs.py" "$app/"
+cp -r "$digits" "$app/bundles/digits"
+cp -r "$text_bundle" "$app/bundles/text"
+mkdir -p "$out"
+
+# Runs in the chroot as QEMU_CPU=$1 with a clean environment; stderr kept in $2 (and shown).
+in_arm() {
+    local cpu=$1 log=$2 status=0
+    shift 2
+    env -i PATH=/opt/edge/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 QEMU_CPU="$cpu" \
+        PYTHONDONTWRITEBYTECODE=1 "$chroot" "$root" /bin/sh -c 'cd /opt/app && exec "$@"' sh "$@" \
+        2>"$log" || status=$?
+    cat "$log" >&2
+    return $status
+}
+# A cpuinfo complaint means LiteRT ran without knowing the CPU: results are not the device's.
+check_stderr() {
+    if grep -Eiq 'cpuinfo|Segmentation fault' "$1"; then
+        fail "$(grep -Ei -m1 'cpuinfo|Segmentation fault' "$1") (in $1)"
+    fi
+}
+
+for cpu in $cpus; do
+    echo "=== test-arm64: QEMU_CPU=$cpu"
+    # qemu-user passes the host's x86 /proc/cpuinfo through: LiteRT then segfaults.
+    "$here/cpuinfo.sh" "$cpu" >"$root/tmp/cpuinfo-$cpu"
+    mount --bind "$root/tmp/cpuinfo-$cpu" "$root/proc/cpuinfo"
+    machine=$(in_arm "$cpu" "$out/$cpu-machine.err" python3 -c \
+        'import platform; print(platform.machine(), "Python", platform.python_version())') ||
+        fail "python3 does not start as $cpu"
+    echo "test-arm64: $machine"
+    [[ $machine == aarch64* ]] || fail "the chroot's python3 says machine $machine, not aarch64"
+    for name in digits text; do
+        in_arm "$cpu" "$out/$cpu-$name.err" python3 -m edge_demo "bundles/$name" \
+            --json "out/$cpu-$name.json" || fail "edge demo on $name as $cpu exited $?"
+        check_stderr "$out/$cpu-$name.err"
+        in_arm "$cpu" "$out/$cpu-$name-raw.err" python3 raw_outputs.py "bundles/$name" "out/$cpu-$name-raw.npz" ||
+            fail "raw_outputs.py on $name as $cpu exited $?"
+        check_stderr "$out/$cpu-$name-raw.err"
+        grep -q "XNNPACK" "$out/$cpu-$name-raw.err" ||
+            fail "LiteRT did not create its XNNPACK delegate as $cpu (see $out/$cpu-$name-raw.err)"
+    done
+    in_arm "$cpu" "$out/$cpu-text-sentence.err" python3 -m edge_demo bundles/text --text "$sentence" |
+        tee "$out/$cpu-text-sentence.txt" || fail "--text as $cpu exited $?"
+    check_stderr "$out/$cpu-text-sentence.err"
+    cp "$app/out/"*.json "$app/out/"*.npz "$out/"
+    umount "$root/proc/cpuinfo"
+done
+echo "test-arm64: PASS: edge demo exit 0 on digits and text as ${cpus// /, }"

@@ -1,0 +1,137 @@
+"""`keras-mha-edge BUNDLE --sample N --view FILE.html` (or `--text "..."`): the head view page.
+
+The page (`view.write_html`) shows the device model's own attention weights
+(`EdgeModel.run_signature`, the entry's attention signature) for one input,
+and its prediction. For an eval sample that `attention.npz` holds, the float
+Keras model's weights and probabilities sit beside them; typed text has no
+Keras reference on the device, so its page shows the device mode alone.
+
+The mode shown: `--quant MODE`; with `all` or several modes, the first
+verified of int8, int16x8, float32, then any other, in that order
+(`view_mode`): an integer mode is what a device runs, float32 the fallback.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from .bundle import Bundle
+from .command import UsageError, check_writable
+from .runtime import EdgeModel, InferenceError, Runtime
+from .view import ViewData, write_html
+
+PREFERENCE = ("int8", "int16x8", "float32")
+PRONOUNS = ("it", "they", "them", "he", "she", "him", "her")
+
+
+def check_view_path(path: pathlib.Path) -> None:
+    """`--view FILE`: a writable file path, not a directory."""
+    if path.is_dir():
+        raise UsageError(f"{path} is a directory; expected an .html file path", "--view")
+    check_writable(path, "--view")
+
+
+def view_mode(bundle: Bundle, runnable: list[str]) -> str:
+    """The mode the page shows, from the runnable selected modes (module docstring)."""
+    models = bundle.manifest.models
+    with_view = [m for m in runnable if models[m].attention is not None]
+    if not with_view:
+        raise UsageError(
+            f"no selected mode of {bundle.path('manifest.json')} has an attention signature "
+            "(exported before attention weights were added?): re-export the bundle",
+            "--view",
+        )
+    verified = [m for m in with_view if models[m].verified is not False]
+    for mode in PREFERENCE:
+        if mode in verified:
+            return mode
+    return (verified or with_view)[0]
+
+
+def initial_query(tokens: list[str]) -> int | None:
+    """The pronoun's position (the page opens on its row), or None."""
+    for i, token in enumerate(tokens):
+        if token.lower() in PRONOUNS:
+            return i
+    return None
+
+
+def write_view(
+    bundle: Bundle,
+    runtime: Runtime,
+    mode: str,
+    x: np.ndarray,
+    path: pathlib.Path,
+    *,
+    threads: int = 1,
+    sample: int | None = None,
+    text: str | None = None,
+    dropped: tuple[str, ...] = (),
+) -> list[str]:
+    """Run input `x` (one sample) through `mode` and write the page; returns notes printed."""
+    entry = bundle.manifest.models[mode]
+    check = entry.attention
+    model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
+    try:
+        model.check_manifest(entry)
+        probs = model.predict(x[None])[0]
+        outputs = model.run_signature(check.signature, x[None])
+    except InferenceError as exc:
+        raise UsageError(f"{exc}; try --runtime litert or another --quant mode", "--view") from None
+    finally:
+        model.close()
+    names = sorted(outputs, key=lambda name: int(name.rsplit("_", 1)[-1]))
+    device = [outputs[name][0] for name in names]
+    notes = [f"attention from {mode} on {runtime.name} {runtime.version}"]
+    reference = reference_probs = None
+    if sample is not None and bundle.attention is not None:
+        if sample < bundle.attention[0].shape[0]:
+            reference = [layer[sample] for layer in bundle.attention]
+            reference_probs = bundle.eval.probs[sample]
+        else:
+            notes.append(
+                f"no float Keras reference: attention.npz holds eval samples "
+                f"0..{bundle.attention[0].shape[0] - 1}"
+            )
+    elif text is not None:
+        notes.append(
+            "typed text: no float Keras reference on the device (use --sample N for an "
+            "eval sample with its reference, or keras-mha-heads view RUN_DIR)"
+        )
+    labels = list(bundle.labels)
+    common = {
+        "device": device,
+        "labels": labels,
+        "probs": probs,
+        "reference": reference,
+        "reference_probs": reference_probs,
+        "mode": mode,
+        "notes": notes,
+        "true_label": None if sample is None else labels[int(bundle.eval.y[sample])],
+    }
+    if bundle.vocab is not None:
+        tokens = bundle.vocab.decode(x)
+        sentence = text if text is not None else " ".join(tokens)
+        data = ViewData(
+            tokens=tokens,
+            input_kind="text",
+            text=sentence,
+            title=f'{mode}: "{sentence}"',
+            dropped=dropped,
+            initial_query=initial_query(tokens),
+            **common,
+        )
+    else:
+        pixels = np.asarray(x, np.float64)
+        tokens = [f"row {i}" for i in range(pixels.shape[0])]
+        data = ViewData(
+            tokens=tokens,
+            input_kind="pixels",
+            pixels=pixels,
+            title=f"{mode}: eval sample {sample}",
+            **common,
+        )
+    write_html(path, data)
+    return notes

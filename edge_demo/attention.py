@@ -1,0 +1,290 @@
+"""The attention weights a bundle carries: reference, thresholds, figures (docs/artifacts.md).
+
+Every mode's model has a second signature, `view`, whose outputs
+`attention_0` .. are each layer's weights `(1, h, T, S)`. Export stores the
+float Keras model's own weights for the first `samples` eval samples in
+`attention.npz` (`AttentionReference`), and each mode's entry says which
+signature to run and what it must meet (`AttentionCheck`):
+
+- `max_abs_diff`: the largest |device - reference| over every weight of
+  every valid query row;
+- `min_argmax_agreement`: the share of valid query rows whose most-attended
+  key agrees, where the device's choice agrees when its reference weight is
+  within `argmax_tie` of the row's reference maximum (keys the reference
+  itself cannot tell apart by one quantum are ties, not disagreements).
+
+A valid query row is every row, except a text model's padding positions
+(their weights attend to nothing the model uses). `measure` is the one
+implementation; the device and export's verification both call it through
+`score.run_mode`. numpy and the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import math
+import pathlib
+
+import numpy as np
+
+from .arrays import read_npz
+from .command import UsageError
+from .fields import Fields
+from .files import read_inside
+
+SIGNATURE = "view"  # the models' attention signature (export/convert.py)
+FILE = "attention.npz"
+# Reference samples stored: pronouns (8 heads, 16 x 16) is 2 MB per layer in
+# float32 at 256 samples; float16 storage would round weights near 1 by
+# 2.4e-4, too coarse for float32's 1e-5 bound.
+MAX_SAMPLES = 256
+_EPS = 1e-9  # slack when comparing ratios of row counts
+
+
+def output_name(layer: int) -> str:
+    """The signature output (and `attention.npz` array) of layer `layer`."""
+    return f"attention_{layer}"
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionParity:
+    """A mode's attention weights against the float Keras model's (NaN when unknown)."""
+
+    max_abs_diff: float
+    mean_abs_diff: float
+    argmax_agreement: float
+    rows: int = 0  # valid query rows compared (samples x layers x heads x queries)
+
+    def to_json(self) -> dict:
+        return {
+            k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+            for k, v in dataclasses.asdict(self).items()
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> AttentionParity | None:
+        """Lenient, like every figure the device does not rely on."""
+        if not isinstance(data, dict):
+            return None
+        values = [data.get(f.name) for f in dataclasses.fields(cls)]
+        if not all(
+            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values
+        ):
+            return None
+        *figures, rows = values
+        return cls(*(math.nan if v is None else float(v) for v in figures), int(rows or 0))
+
+
+NAN_PARITY = AttentionParity(math.nan, math.nan, math.nan)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionThresholds:
+    """What a mode's attention must meet; a None bound is not checked.
+
+    `argmax_tie`: how close to the reference's row maximum the device's
+    most-attended key must be to count as agreeing.
+    """
+
+    min_argmax_agreement: float
+    argmax_tie: float
+    max_abs_diff: float | None = None
+    max_mean_abs_diff: float | None = None
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionThresholds:
+        raw = fields.obj(data, key, prefix)
+        prefix = f"{prefix}{key}."
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name in raw:
+            if name not in known:
+                raise fields.fail(
+                    prefix[:-1], f"has unknown key {name!r} (known: {', '.join(known)})"
+                )
+        return cls(
+            fields.number(raw, "min_argmax_agreement", prefix),
+            fields.number(raw, "argmax_tie", prefix),
+            **{
+                name: fields.number(raw, name, prefix)
+                for name in ("max_abs_diff", "max_mean_abs_diff")
+                if raw.get(name) is not None
+            },
+        )
+
+    def failures(self, parity: AttentionParity) -> list[str]:
+        """The thresholds `parity` misses, one line each; NaN misses every one."""
+        found = []
+        if self.max_abs_diff is not None and not parity.max_abs_diff <= self.max_abs_diff:
+            found.append(f"attention max |Δ| {parity.max_abs_diff:.3g} > {self.max_abs_diff:.3g}")
+        if self.max_mean_abs_diff is not None and not (
+            parity.mean_abs_diff <= self.max_mean_abs_diff
+        ):
+            found.append(
+                f"attention mean |Δ| {parity.mean_abs_diff:.3g} > {self.max_mean_abs_diff:.3g}"
+            )
+        if not parity.argmax_agreement >= self.min_argmax_agreement - _EPS:
+            found.append(
+                f"attention most-attended key agreement {parity.argmax_agreement:.4f} "
+                f"< {self.min_argmax_agreement:.4f}"
+            )
+        return found
+
+    def describe(self) -> str:
+        parts = []
+        if self.max_abs_diff is not None:
+            parts.append(f"attn|Δ|≤{self.max_abs_diff:.2g}")
+        if self.max_mean_abs_diff is not None:
+            parts.append(f"attn mean|Δ|≤{self.max_mean_abs_diff:.2g}")
+        parts.append(f"attn agree≥{self.min_argmax_agreement:g}")
+        return ", ".join(parts)
+
+
+# Bounds per mode (docs/artifacts.md says why). A softmax output quantized to
+# int8 has the fixed quantum 1/256; the integer bounds count those quanta,
+# with a margin of 3x or more over what the digits and pronouns models measure.
+# int8 bounds no max |Δ|: a query whose two best keys are nearly tied in the
+# float model can flip to the other one, moving up to all of its weight (0.67
+# measured on pronouns), so int8 bounds the mean and the agreement instead.
+QUANTUM = 1 / 256
+DEFAULT_THRESHOLDS: dict[str, AttentionThresholds] = {
+    "float32": AttentionThresholds(1.0, 2e-5, max_abs_diff=1e-5),
+    "float16": AttentionThresholds(1.0, 2e-2, max_abs_diff=1e-2),
+    "dynamic": AttentionThresholds(0.98, QUANTUM, 64 * QUANTUM, 2 * QUANTUM),
+    "int8": AttentionThresholds(0.8, QUANTUM, None, 4 * QUANTUM),
+    "int16x8": AttentionThresholds(0.99, QUANTUM, 8 * QUANTUM, 1 * QUANTUM),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCheck:
+    """A mode entry's `attention`: the signature to run, its thresholds, its figures."""
+
+    signature: str
+    thresholds: AttentionThresholds
+    parity: AttentionParity | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "signature": self.signature,
+            "thresholds": self.thresholds.to_json(),
+            "parity": None if self.parity is None else self.parity.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionCheck:
+        entry = fields.obj(data, key, prefix)
+        prefix = f"{prefix}{key}."
+        return cls(
+            fields.string(entry, "signature", prefix),
+            AttentionThresholds.from_json(fields, entry, "thresholds", prefix),
+            AttentionParity.from_json(entry.get("parity")),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionReference:
+    """The manifest's `attention`: the float model's weights of eval samples 0..samples-1."""
+
+    file: str
+    sha256: str
+    samples: int
+    layers: int
+    dtype: str = "float32"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, fields: Fields, data: dict, key: str) -> AttentionReference:
+        entry = fields.obj(data, key)
+        prefix = f"{key}."
+        dtype = fields.string(entry, "dtype", prefix)
+        if dtype != "float32":
+            raise fields.fail(prefix + "dtype", f"must be 'float32', got {dtype!r}")
+        return cls(
+            fields.filename(entry, "file", prefix),
+            fields.sha256(entry, "sha256", prefix),
+            fields.integer(entry, "samples", prefix, minimum=1),
+            fields.integer(entry, "layers", prefix, minimum=1),
+            dtype,
+        )
+
+
+def reference_bytes(weights: list[np.ndarray]) -> bytes:
+    """`attention.npz`'s bytes: `attention_i` float32 `(K, h, T, S)` per layer."""
+    buffer = io.BytesIO()
+    np.savez_compressed(
+        buffer, **{output_name(i): np.asarray(w, np.float32) for i, w in enumerate(weights)}
+    )
+    return buffer.getvalue()
+
+
+def load_reference(
+    root: pathlib.Path, ref: AttentionReference, eval_samples: int
+) -> list[np.ndarray]:
+    """`attention.npz` checked: sha256, one float32 `(samples, h, T, S)` array per layer."""
+    path = root / ref.file
+    if ref.samples > eval_samples:
+        raise UsageError(
+            f"manifest.json says {ref.samples} samples, eval.npz has {eval_samples}", path
+        )
+    names = tuple(output_name(i) for i in range(ref.layers))
+    arrays = read_npz(io.BytesIO(read_inside(root, ref.file, ref.sha256)), names, where=path)
+    weights = []
+    for name in names:
+        w = arrays[name]
+        if w.dtype != np.float32 or w.ndim != 4 or w.shape[0] != ref.samples:
+            raise UsageError(
+                f"{name} must be float32 ({ref.samples}, heads, T, S), "
+                f"got {w.dtype.name} {list(w.shape)}",
+                path,
+            )
+        if not np.isfinite(w).all():
+            raise UsageError(f"{name} has NaN or infinite values", path)
+        weights.append(w)
+    return weights
+
+
+def valid_rows(x: np.ndarray, pad_id: int | None) -> np.ndarray | None:
+    """`(N, T)` True where a query row counts: not a text model's padding; None = all."""
+    if pad_id is None:
+        return None
+    return np.asarray(x) != pad_id
+
+
+def measure(
+    device: list[np.ndarray],
+    reference: list[np.ndarray],
+    valid: np.ndarray | None,
+    tie: float,
+) -> AttentionParity:
+    """Figures of the device's `(N, h, T, S)` per layer against the reference's.
+
+    `valid (N, T)`: the query rows to compare (None = all). A NaN anywhere
+    makes every figure NaN.
+    """
+    if len(device) != len(reference):
+        raise ValueError(f"{len(device)} device layers vs {len(reference)} reference layers")
+    worst, total, count, agree, rows = 0.0, 0.0, 0, 0, 0
+    for d, r in zip(device, reference, strict=True):
+        d, r = np.asarray(d, np.float64), np.asarray(r, np.float64)
+        if d.shape != r.shape:
+            raise ValueError(f"device shape {list(d.shape)} vs reference {list(r.shape)}")
+        if not np.isfinite(d).all():
+            return NAN_PARITY
+        keep = np.ones(d.shape[:3], bool)
+        if valid is not None:
+            keep = np.broadcast_to(np.asarray(valid, bool)[:, None, : d.shape[2]], d.shape[:3])
+        diff = np.abs(d - r)[keep]  # (rows, S)
+        worst = max(worst, float(diff.max(initial=0.0)))
+        total, count = total + float(diff.sum()), count + diff.size
+        chosen = np.take_along_axis(r, d.argmax(-1)[..., None], -1)[..., 0]
+        agree += int((chosen >= r.max(-1) - tie)[keep].sum())
+        rows += int(keep.sum())
+    if rows == 0:
+        return NAN_PARITY
+    return AttentionParity(worst, total / count, agree / rows, rows)

@@ -1,0 +1,210 @@
+"""The command-line policy of keras-mha's four commands: train, export, edge, heads.
+
+Standard library only, so the edge demo (no TensorFlow) and the TensorFlow
+tools share it, and `--help` answers before anything heavy is imported.
+
+- Bad input is a `UsageError`: one line on stderr, `PROG: error: ...`, exit 2.
+  Argument errors (`Parser`) look the same.
+- Out of memory (`MemoryError`) is bad input too: one line, exit 2.
+- Ctrl-C: `PROG: interrupted`, exit 130. Writers build beside the target and
+  rename (`files.py`), so an interrupted command leaves nothing half-written.
+- Anything else is a bug: one line, exit 3; `KERAS_MHA_DEBUG=1` shows the
+  traceback instead.
+
+    def main(argv: list[str] | None = None) -> int:
+        return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pathlib
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command ran and its result is a failure (e.g. parity)
+EXIT_USAGE = 2  # bad input: a file, a flag, the environment, out of memory
+EXIT_INTERNAL = 3  # a bug
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+DEBUG_ENV = "KERAS_MHA_DEBUG"
+
+
+def one_line(text: object) -> str:
+    """`text` with every run of whitespace (newlines too) as one space."""
+    return " ".join(str(text).split())
+
+
+class UsageError(ValueError):
+    """Input a command refuses: a file, a flag, an array, the environment.
+
+    The message is one line, `WHERE: PROBLEM` when `where` is given.
+
+    Args:
+        problem: what is wrong and what was expected.
+        where: what the user would name: a file path, a flag (`--out`), a
+            package; None when the problem says it.
+    """
+
+    def __init__(self, problem: str, where: str | os.PathLike | None = None):
+        self.problem = one_line(problem)
+        self.where = None if where is None else str(where)
+        super().__init__(self.problem if self.where is None else f"{self.where}: {self.problem}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, `PROG: error: ...`, exit 2.
+
+    Subparsers made by `add_subparsers` inherit the class.
+    """
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def _int_at_least(minimum: int, expectation: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expectation}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {expectation}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1, "a positive integer")
+positive_int.__doc__ = "argparse `type=`: an integer >= 1."
+nonnegative_int = _int_at_least(0, "an integer >= 0")
+nonnegative_int.__doc__ = "argparse `type=`: an integer >= 0 (an index, a count)."
+
+
+def quiet_tensorflow() -> None:
+    """Silence TensorFlow's C++ logs; call before TensorFlow is imported (it reads this once).
+
+    An explicit TF_CPP_MIN_LOG_LEVEL in the environment wins.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path:
+    """Refuse, up front, an output path nothing can be written to.
+
+    Writers build beside the target and rename, so what must be writable is
+    the target's parent, or its nearest ancestor that exists (missing
+    directories are created later). Tries a real file there: permissions,
+    a read-only file system and a full disk are all found before any work.
+
+    Returns:
+        `path` as a Path.
+
+    Raises:
+        UsageError: naming `flag` and the path, e.g.
+            `--out /ro/bundle: cannot write in /ro (Read-only file system)`.
+    """
+    path = pathlib.Path(path)
+    where = f"{flag} {path}"
+    if path.is_symlink() and not path.exists():
+        raise UsageError("is a dangling symbolic link", where)
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        if ancestor.is_symlink():  # a dangling link on the way
+            raise UsageError(f"{ancestor} is a dangling symbolic link", where)
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{ancestor} is not a directory", where)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".keras-mha-write-test-", dir=ancestor)
+    except OSError as exc:
+        raise UsageError(f"cannot write in {ancestor} ({exc.strerror or exc})", where) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return path
+
+
+def _reconfigure_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="replace")  # µ and Δ on an ASCII terminal
+
+
+@contextlib.contextmanager
+def _noting_interrupts() -> Iterator[list[bool]]:
+    """Note whether Ctrl-C came, even if the code it interrupted turned it into another error.
+
+    (TensorFlow interrupted while tracing can raise an AttributeError from its
+    half-built state instead of the KeyboardInterrupt.) Yields a list that
+    holds True once SIGINT arrived. Leaves SIGINT alone if it is not Python's
+    default handler (ignored, or someone else's).
+    """
+    noted: list[bool] = []
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield noted
+            return
+
+        def handler(signum, frame):
+            noted.append(True)
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: signals are not ours to handle
+        yield noted
+        return
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run_main(prog: str, body: Callable[[], int]) -> int:
+    """Run a command's `body` under the policy; return the exit status.
+
+    `body` returns 0 (success) or 1 (a failure it reported itself). A
+    `SystemExit` (argparse's `--help`, its usage errors) passes its code on.
+    """
+    _reconfigure_streams()
+    with _noting_interrupts() as interrupted:
+        try:
+            return body()
+        except UsageError as exc:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except MemoryError as exc:
+            detail = f" ({one_line(exc)})" if str(exc) else ""
+            print(
+                f"{prog}: error: out of memory{detail}; try a smaller model or input",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        except SystemExit as exc:  # --help, --version, argparse's usage errors
+            if exc.code is None or isinstance(exc.code, int):
+                return exc.code or EXIT_OK
+            print(f"{prog}: error: {one_line(exc.code)}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return EXIT_FAILED
+        except Exception as exc:
+            if interrupted:  # raised while unwinding from Ctrl-C: it is the interrupt
+                print(f"{prog}: interrupted", file=sys.stderr)
+                return EXIT_INTERRUPTED
+            if os.environ.get(DEBUG_ENV):
+                raise
+            print(
+                f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)[:500]} "
+                f"(set {DEBUG_ENV}=1 for a traceback)",
+                file=sys.stderr,
+            )
+            return EXIT_INTERNAL

@@ -1,0 +1,79 @@
+"""`keras-mha-edge BUNDLE --debug MODE [--sample N]`: where MODE loses accuracy (debug.py).
+
+Runs the bundle's float32 model and MODE's named model (never the deploy
+file: it has no tensor names) on the eval samples, or on sample N alone,
+through LiteRT's builtin kernels, and prints the worst 30 tensors (per head
+where a tensor has the head axis), then the ops that compute in float in an
+integer mode. The head count comes from the attention signature's outputs
+`(1, heads, T, T)` when the bundle has one.
+"""
+
+from __future__ import annotations
+
+from .bundle import Bundle, open_bundle
+from .command import UsageError
+from .manifest import Manifest
+from .runtime import RUNTIMES, select_runtime
+
+ROWS_SHOWN = 30
+
+
+def check_debug_runtime(choice: str) -> None:
+    """The debugger needs LiteRT (intermediate tensors): `--runtime auto` or `litert`."""
+    if choice not in ("auto", "litert"):
+        raise UsageError(
+            f"the debugger runs on {RUNTIMES['litert'].name} (intermediate tensors), "
+            f"not {choice}; use --runtime litert",
+            "--debug",
+        )
+
+
+def _num_heads(bundle: Bundle, mode: str) -> int | None:
+    entry = bundle.manifest.models[mode]
+    for signature in entry.signatures.values():
+        shapes = {spec.shape for spec in signature.outputs.values()}
+        if shapes and all(len(s) == 4 and s[2] == s[3] for s in shapes):
+            heads = {s[1] for s in shapes}
+            if len(heads) == 1:
+                return heads.pop()
+    return None
+
+
+def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = "auto") -> int:
+    """Print MODE's error table against float32; UsageError (exit 2) on bad input."""
+    from . import debug
+
+    check_debug_runtime(runtime_choice)
+    models = Manifest.read(bundle_path).models
+    if mode not in models:
+        raise UsageError(
+            f"mode {mode!r} is not in this bundle (it has: {', '.join(models)})", "--debug"
+        )
+    if "float32" not in models:
+        raise UsageError(
+            "needs the bundle's float32 model as the reference; it has none", "--debug"
+        )
+    bundle = open_bundle(bundle_path, ",".join(sorted({"float32", mode})))
+    samples = bundle.manifest.eval.samples
+    if sample is not None and not 0 <= sample < samples:
+        raise UsageError(
+            f"{sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
+        )
+    runtime = select_runtime("litert")
+    x = bundle.eval.x if sample is None else bundle.eval.x[sample : sample + 1]
+    heads = _num_heads(bundle, mode)
+    print(
+        f"bundle   {bundle.root}: {mode} against float32 on "
+        f"{'all ' + str(samples) + ' eval samples' if sample is None else 'eval sample ' + str(sample)}"
+        f"; {runtime.name} {runtime.version} builtin kernels; heads {heads or '?'}",
+        flush=True,
+    )
+    try:
+        rows = debug.debug_mode(
+            bundle.model_bytes["float32"], bundle.model_bytes[mode], x, num_heads=heads
+        )
+        floats = debug.float_ops(bundle.model_bytes[mode]) if mode in debug.INTEGER_MODES else ()
+    except ValueError as exc:
+        raise UsageError(str(exc), bundle.path(bundle.manifest.models[mode].file)) from None
+    print(debug.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats))
+    return 0

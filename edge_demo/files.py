@@ -1,0 +1,230 @@
+"""Files of the contract: written whole or not at all, read only from inside the bundle.
+
+- Writers: `write_bytes_atomic`, `write_json_atomic` (a temporary file beside
+  the target, then a rename) and, for directories, `building(out)` (or its
+  parts `staging_dir` + `swap_into_place`). An interrupted or failed write leaves the old file or
+  nothing, never half of one.
+- Readers: `read_inside(root, name)` refuses a bundle file that is a symbolic
+  link or resolves outside the bundle (even when its sha256 matches), then
+  reads it; `tflite_problem` checks a model's header before a runtime sees it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import stat
+import struct
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+from .command import UsageError
+
+TFLITE_IDENTIFIER = b"TFL3"
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it a normal file's mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path`: a temporary file beside it, then a rename."""
+    _write_atomic(path, lambda handle: handle.write(data))
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any, indent: int | None = 2) -> None:
+    """Write `data` as JSON (no NaN: it is not JSON) to `path`, atomically.
+
+    Raises ValueError for NaN or infinity before anything is written.
+    """
+    text = json.dumps(data, indent=indent, allow_nan=False) + "\n"
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def staging_dir(out: str | os.PathLike) -> pathlib.Path:
+    """A new empty directory beside `out`, with a normal directory's mode.
+
+    Build a directory here, then `swap_into_place(staging, out)`.
+    """
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o777 & ~_umask())  # mkdtemp made it 0700, which would stay after the rename
+    return staging
+
+
+def swap_into_place(built: str | os.PathLike, out: str | os.PathLike) -> None:
+    """Rename the finished directory `built` to `out` (same file system).
+
+    A previous `out` is moved aside first and removed once the new one is in
+    place; if the rename fails, the old one is put back.
+    """
+    built, out = pathlib.Path(built), pathlib.Path(out)
+    if not out.exists():
+        os.replace(built, out)
+        return
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    os.replace(out, old)
+    try:
+        os.replace(built, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back for a few statements (it is delivered when the block ends)."""
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    except (AttributeError, ValueError, OSError):  # no POSIX masks, or not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _make_parents(directory: pathlib.Path) -> list[pathlib.Path]:
+    """mkdir -p; the directories created, outermost first."""
+    missing = []
+    current = directory
+    while not current.exists():
+        missing.append(current)
+        current = current.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    return missing[::-1]
+
+
+@contextlib.contextmanager
+def building(out: str | os.PathLike) -> Iterator[pathlib.Path]:
+    """Build a directory beside `out`; it replaces `out` when the block ends cleanly.
+
+        with building(out) as staging:
+            ...write files into staging...
+
+    On any exception (Ctrl-C included) the staging directory, and the parents
+    of `out` this created, are removed and `out` is left as it was.
+    """
+    out = pathlib.Path(out)
+    created: list[pathlib.Path] = []
+    staging = None
+    try:
+        with _sigint_deferred():  # no Ctrl-C between creating it and knowing its name
+            created = _make_parents(out.parent)
+            staging = staging_dir(out)
+        yield staging
+        swap_into_place(staging, out)
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        for directory in reversed(created):
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Lowercase hex sha256 of `data`."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Lowercase hex sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def inside(root: pathlib.Path, name: str) -> pathlib.Path:
+    """`root/name`, refused unless it is a regular file of `root` itself.
+
+    A symbolic link is refused even if it points into the bundle: a bundle
+    copied to a device is plain files, and a link is how a file outside it
+    (with a forged manifest) would get in.
+    """
+    path = root / name
+    try:
+        info = path.lstat()
+    except FileNotFoundError:
+        raise UsageError("not found (listed in manifest.json)", path) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read it ({exc.strerror})", path) from None
+    if stat.S_ISLNK(info.st_mode):
+        raise UsageError("is a symbolic link; bundle files must be regular files", path)
+    if not stat.S_ISREG(info.st_mode):
+        raise UsageError("not a regular file", path)
+    real, real_root = path.resolve(), root.resolve()
+    if real.parent != real_root:
+        raise UsageError(f"resolves to {real}, outside the bundle {real_root}", path)
+    return path
+
+
+def read_inside(root: pathlib.Path, name: str, sha256: str | None = None) -> bytes:
+    """The bytes of bundle file `name`, checked by `inside` and against `sha256`."""
+    path = inside(root, name)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read it ({exc.strerror})", path) from None
+    if sha256 is not None:
+        digest = sha256_bytes(data)
+        if digest != sha256:
+            raise UsageError(
+                f"sha256 {digest[:12]}... does not match manifest.json ({sha256[:12]}...)", path
+            )
+    return data
+
+
+def tflite_problem(data: bytes) -> str | None:
+    """Why `data` cannot be a TFLite flatbuffer, or None if its header is sound.
+
+    Checks the file identifier "TFL3" at bytes 4..8 and that the root table
+    and its vtable lie inside the file: cheap, and enough to keep truncated or
+    random files away from a runtime that does not verify its input.
+    """
+    if len(data) < 16:
+        return f"too short to be a TFLite model ({len(data)} bytes)"
+    if data[4:8] != TFLITE_IDENTIFIER:
+        return f"not a TFLite model: file identifier {bytes(data[4:8])!r} at bytes 4..8, expected b'TFL3'"
+    (root,) = struct.unpack_from("<I", data, 0)
+    if root < 8 or root + 4 > len(data):
+        return f"corrupt TFLite flatbuffer: root table offset {root} is outside the file"
+    (vtable_offset,) = struct.unpack_from("<i", data, root)
+    vtable = root - vtable_offset
+    if vtable < 0 or vtable + 4 > len(data):
+        return f"corrupt TFLite flatbuffer: vtable offset {vtable} is outside the file"
+    vtable_size, table_size = struct.unpack_from("<HH", data, vtable)
+    if vtable_size < 4 or vtable + vtable_size > len(data) or root + table_size > len(data):
+        return "corrupt TFLite flatbuffer: root table runs past the end of the file"
+    return None

@@ -1,0 +1,178 @@
+"""Load each model once in a child process before this process touches it.
+
+A runtime that does not verify its flatbuffer can crash the process on a
+malformed model (tflite-runtime 2.14 segfaults on a truncated one), so
+`probe_model` loads, allocates and invokes it in a child first: a crash there
+becomes a one-line message here, and a runtime that lacks an op or kernel
+becomes a skipped mode instead of a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+
+from .command import UsageError
+from .entries import ModelEntry
+from .runtime import Runtime, manifest_mismatch
+from .tensors import TensorSpec
+
+PROBE_TIMEOUT_S = 300
+# A runtime that cannot run a valid model says one of these (an op or an op
+# version it does not have, a type a kernel does not support).
+_UNSUPPORTED = re.compile(
+    r"Didn't find op for builtin opcode|unsupported|not supported|only supports|unresolved custom op"
+    r"|builtin_code out of range|Registration failed",
+    re.IGNORECASE,
+)
+# This package's parent directory: a runtime module inside the package (".micro")
+# must import in the child too, from a copied folder as from an install.
+_PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[1])
+
+# Runs in a fresh interpreter (`python -c`): standard library, numpy and the
+# runtime only, so it works from a copied folder. Model bytes arrive on stdin.
+_PROBE_SCRIPT = r"""
+import importlib, sys
+try:
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = int(sys.argv[2])
+    if hard == resource.RLIM_INFINITY or hard > limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+except Exception:
+    pass
+if sys.argv[5]:
+    sys.path.insert(0, sys.argv[5])
+data = sys.stdin.buffer.read()
+size = int(sys.argv[3])
+content, sample = data[:size], data[size:]
+try:
+    import numpy as np
+    interpreter = importlib.import_module(sys.argv[1]).Interpreter(
+        model_content=content, num_threads=1
+    )
+    interpreter.allocate_tensors()
+    for detail in interpreter.get_input_details():
+        value = np.zeros(detail["shape"], detail["dtype"])
+        if sample and value.nbytes == len(sample) and value.dtype.name == sys.argv[4]:
+            value = np.frombuffer(sample, value.dtype).reshape(value.shape)
+        interpreter.set_tensor(detail["index"], value)
+    interpreter.invoke()
+except BaseException as exc:
+    print("PROBE-ERROR " + " ".join(f"{type(exc).__name__}: {exc}".split()), flush=True)
+    sys.exit(3)
+import json
+tensors = []
+for detail in interpreter.get_input_details() + interpreter.get_output_details():
+    scale, zero_point = detail["quantization"]
+    tensors.append({
+        "index": int(detail["index"]), "name": str(detail["name"]),
+        "shape": [int(d) for d in detail["shape"]], "dtype": np.dtype(detail["dtype"]).name,
+        "quantization": [float(scale), int(zero_point)],
+        "input": len(tensors) < len(interpreter.get_input_details()),
+    })
+print("PROBE-OK " + json.dumps(tensors), flush=True)
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """A child process's first load of a model: fine, or cannot run in this runtime."""
+
+    ok: bool
+    reason: str = ""  # why the runtime cannot run it (the mode is then skipped)
+    inputs: tuple[TensorSpec, ...] = ()  # as the child's interpreter saw them
+    outputs: tuple[TensorSpec, ...] = ()
+
+    def check_manifest(self, entry: ModelEntry, where: str | os.PathLike) -> None:
+        """Raise UsageError if the probed tensors differ from the manifest entry."""
+        manifest_mismatch(where, entry, self.inputs, self.outputs)
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def probe_model(
+    runtime: Runtime,
+    content: bytes,
+    where: str | os.PathLike,
+    sample: np.ndarray | None = None,
+) -> ProbeResult:
+    """Load, allocate and invoke a model once in a child process.
+
+    `sample` is one input as the model takes it (batch 1, already quantized);
+    zeros are used without it, which some models cannot take (an all-padding
+    sentence makes a mean over no tokens).
+
+    Returns ProbeResult(ok=False, reason) if the runtime says it lacks an op or
+    kernel (the caller skips the mode). Raises UsageError naming `where` if the
+    child crashes, runs out of memory, hangs, or rejects the model otherwise.
+    """
+    if not sys.executable:
+        return ProbeResult(True)  # embedded Python: no way to start a child
+    memory_limit = 2 * 1024**3 + 16 * len(content)
+    sample_bytes = b"" if sample is None else np.ascontiguousarray(sample).tobytes()
+    dtype = "" if sample is None else sample.dtype.name
+    inside_package = runtime.module.startswith(f"{__package__}.")
+    argv = [sys.executable, "-c", _PROBE_SCRIPT, runtime.module, str(memory_limit)]
+    try:
+        proc = subprocess.run(
+            [*argv, str(len(content)), dtype, _PACKAGE_PARENT if inside_package else ""],
+            input=content + sample_bytes,
+            capture_output=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"{runtime.name} did not finish loading it in {PROBE_TIMEOUT_S} s", where
+        ) from None
+    stdout = proc.stdout.decode("utf-8", "replace")
+    stderr = proc.stderr.decode("utf-8", "replace")
+    ok = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-OK ")]
+    if proc.returncode == 0 and ok:
+        try:
+            tensors = [
+                (t["input"], TensorSpec.from_detail({**t, "dtype": np.dtype(t["dtype"])}))
+                for t in json.loads(ok[-1][len("PROBE-OK ") :])
+            ]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UsageError(
+                f"{runtime.name} probe said something unexpected ({exc})", where
+            ) from None
+        return ProbeResult(
+            True,
+            inputs=tuple(info for is_input, info in tensors if is_input),
+            outputs=tuple(info for is_input, info in tensors if not is_input),
+        )
+    if proc.returncode < 0:
+        raise UsageError(
+            f"{runtime.name} {runtime.version} crashed loading it ({_signal_name(proc.returncode)}): "
+            "not a usable TFLite model",
+            where,
+        )
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-ERROR ")]
+    detail = (
+        lines[-1][len("PROBE-ERROR ") :] if lines else (stderr.strip().splitlines() or ["?"])[-1]
+    )
+    detail = detail if len(detail) <= 300 else detail[:297] + "..."
+    if "MemoryError" in detail or "bad_alloc" in detail:
+        raise UsageError(
+            f"{runtime.name} ran out of memory loading it ({detail}): malformed model?", where
+        )
+    if _UNSUPPORTED.search(detail):
+        return ProbeResult(False, f"{runtime.name} {runtime.version} cannot run it ({detail})")
+    raise UsageError(f"{runtime.name} {runtime.version} cannot load it ({detail})", where)

@@ -1,0 +1,245 @@
+"""Score one mode of a bundle: every eval sample through `EdgeModel`, against the reference.
+
+`run_mode` is what the device's parity run and export's verification both
+call: the figures come from `parity.measure`, the verdict from the
+manifest's `Thresholds.failures`. Also measured: latency p50/p90/p99, load
+time and peak memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import sys
+
+import numpy as np
+
+from . import attention
+from .attention import AttentionParity, AttentionThresholds
+from .bundle import Bundle
+from .command import UsageError
+from .deployed import runtime_content, runtime_entry, uses_deploy
+from .parity import Parity, Thresholds, measure
+from .runtime import EdgeModel, InferenceError, Runtime
+
+
+@dataclasses.dataclass
+class ModeResult:
+    """One mode's outcome: `status` is "passed", "failed" or "skipped"."""
+
+    mode: str
+    status: str
+    reason: str = ""  # why it was skipped
+    accuracy: float = math.nan
+    agreement: float = math.nan
+    max_abs_diff: float = math.nan
+    mean_abs_diff: float = math.nan
+    latency_us_p50: float = math.nan
+    latency_us_p90: float = math.nan
+    latency_us_p99: float = math.nan
+    load_ms: float = math.nan
+    peak_rss_mb: float = math.nan
+    rss_increase_mb: float = math.nan
+    memory_scope: str = ""  # "mode" (peak reset per mode) or "process" (ru_maxrss)
+    model_bytes: int = 0
+    samples: int = 0
+    timed_invocations: int = 0
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    # The attention signature: "passed", "failed", "n/a" (this runtime cannot
+    # run it; `attention_note` says why) or "" (the bundle has none).
+    attention_status: str = ""
+    attention_max_abs_diff: float = math.nan
+    attention_mean_abs_diff: float = math.nan
+    attention_agreement: float = math.nan
+    attention_rows: int = 0
+    attention_thresholds: AttentionThresholds | None = None
+    attention_note: str = ""
+
+    @property
+    def parity(self) -> Parity:
+        return Parity(self.accuracy, self.agreement, self.max_abs_diff, self.mean_abs_diff)
+
+    @property
+    def attention_parity(self) -> AttentionParity:
+        return AttentionParity(
+            self.attention_max_abs_diff,
+            self.attention_mean_abs_diff,
+            self.attention_agreement,
+            self.attention_rows,
+        )
+
+    @property
+    def passed(self) -> bool | None:
+        """True/False once run; None when skipped."""
+        return None if self.status == "skipped" else self.status == "passed"
+
+    def to_json(self) -> dict:
+        """The JSON entry (non-finite numbers as null)."""
+        data = {"passed": self.passed, "skipped": self.status == "skipped"}
+        if self.status == "skipped":
+            data["reason"] = self.reason
+            return data
+        for field in dataclasses.fields(self):
+            if field.name in ("mode", "status", "reason"):
+                continue
+            value = getattr(self, field.name)
+            if isinstance(value, (Thresholds, AttentionThresholds)):
+                value = value.to_json()
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            data[field.name] = value
+        return data
+
+
+class _PeakMemory:
+    """Peak resident memory of this process while one mode runs.
+
+    On Linux, writing 5 to /proc/self/clear_refs resets the VmHWM high-water
+    mark, so each mode gets its own peak. Elsewhere, falls back to
+    `ru_maxrss`, the process's peak so far.
+    """
+
+    def __init__(self) -> None:
+        self.scope = "process"
+        self.start_kb = math.nan
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.start_kb = self._status_kb("VmRSS")
+            self.scope = "mode"
+        except OSError:
+            pass
+
+    @staticmethod
+    def _status_kb(key: str) -> float:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return float(line.split()[1])
+        raise OSError(f"{key} not in /proc/self/status")
+
+    def peak_mb(self) -> tuple[float, float]:
+        """(peak MB, increase over the start in MB; NaN when unknown)."""
+        if self.scope == "mode":
+            try:
+                peak = self._status_kb("VmHWM")
+                return peak / 1024, (peak - self.start_kb) / 1024
+            except OSError:
+                pass
+        try:
+            import resource  # Unix only
+        except ImportError:
+            return math.nan, math.nan
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        kb = maxrss / 1024 if sys.platform == "darwin" else maxrss  # bytes on macOS
+        return kb / 1024, math.nan
+
+
+def run_mode(
+    bundle: Bundle, mode: str, runtime: Runtime, threads: int = 1, repeat: int = 1
+) -> ModeResult:
+    """Run every eval sample through one mode and compare with the reference.
+
+    Raises UsageError if the runtime cannot load the model or its tensors
+    differ from the manifest; a failure while running is a failed result.
+    """
+    entry = runtime_entry(bundle.manifest.models[mode], runtime)  # deploy file for TFLM
+    evaluation = bundle.eval
+    content = runtime_content(bundle, mode, runtime)
+    gc.collect()
+    memory = _PeakMemory()
+    model = EdgeModel(runtime, content, threads, str(bundle.path(entry.file)))
+    try:
+        model.check_manifest(entry)
+        raw, latencies_ns = model.run(model.prepare(evaluation.x), repeat)
+    except InferenceError as exc:
+        return ModeResult(
+            mode, "failed", load_ms=model.load_ms, thresholds=entry.thresholds, failures=[str(exc)]
+        )
+    finally:
+        model.close()
+    probs = model.finish(raw)
+    peak_mb, increase_mb = memory.peak_mb()
+    parity = measure(probs, evaluation.y, evaluation.probs)
+    failures = entry.thresholds.failures(parity, bundle.manifest.eval.float_accuracy)
+    bad = int((~np.isfinite(probs)).sum())
+    if bad:
+        failures.insert(0, f"{bad} output value(s) are NaN or infinite")
+    p50, p90, p99 = np.percentile(latencies_ns / 1e3, [50, 90, 99])
+    figures = (
+        {"failures": []} if uses_deploy(runtime) else _attention(bundle, mode, runtime, threads)
+    )
+    failures.extend(figures.pop("failures"))
+    return ModeResult(
+        mode=mode,
+        status="failed" if failures else "passed",
+        accuracy=parity.accuracy,
+        agreement=parity.agreement,
+        max_abs_diff=parity.max_abs_diff,
+        mean_abs_diff=parity.mean_abs_diff,
+        latency_us_p50=round(float(p50), 2),
+        latency_us_p90=round(float(p90), 2),
+        latency_us_p99=round(float(p99), 2),
+        load_ms=round(model.load_ms, 3),
+        peak_rss_mb=round(peak_mb, 1),
+        rss_increase_mb=round(increase_mb, 2) if math.isfinite(increase_mb) else math.nan,
+        memory_scope=memory.scope,
+        model_bytes=len(content),
+        samples=int(evaluation.x.shape[0]),
+        timed_invocations=int(latencies_ns.size),
+        thresholds=entry.thresholds,
+        failures=failures,
+        **figures,
+    )
+
+
+def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dict:
+    """The mode's attention against `attention.npz`: ModeResult fields, and `failures`.
+
+    Runs the first `attention.samples` eval samples through the entry's
+    attention signature in a fresh interpreter (the classifier's latency
+    figures are measured without it). A runtime that cannot run the
+    signature gives status "n/a" and a note, not a failure: the device
+    still classifies; export's verification fails such a mode itself.
+    """
+    entry = bundle.manifest.models[mode]
+    check, reference = entry.attention, bundle.attention
+    if check is None or reference is None:
+        return {"failures": []}
+    found: dict = {"attention_thresholds": check.thresholds, "failures": []}
+    samples = reference[0].shape[0]
+    model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
+    try:
+        model.check_manifest(entry)
+        outputs = model.run_signature(check.signature, bundle.eval.x[:samples])
+    except InferenceError as exc:
+        return found | {"attention_status": "n/a", "attention_note": str(exc)}
+    finally:
+        model.close()
+    names = [attention.output_name(i) for i in range(len(reference))]
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise UsageError(
+            f"signature {check.signature!r} has no output {missing[0]} "
+            f"(attention.npz has {len(names)} layers)",
+            bundle.path(entry.file),
+        )
+    pad_id = None if bundle.vocab is None else bundle.vocab.pad_id
+    parity = attention.measure(
+        [outputs[n] for n in names],
+        reference,
+        attention.valid_rows(bundle.eval.x[:samples], pad_id),
+        check.thresholds.argmax_tie,
+    )
+    failures = check.thresholds.failures(parity)
+    return {
+        "attention_thresholds": check.thresholds,
+        "attention_status": "failed" if failures else "passed",
+        "attention_max_abs_diff": parity.max_abs_diff,
+        "attention_mean_abs_diff": parity.mean_abs_diff,
+        "attention_agreement": parity.argmax_agreement,
+        "attention_rows": parity.rows,
+        "failures": failures,
+    }

@@ -1,0 +1,159 @@
+"""One mode's manifest entry: converted and its graph checked, then judged by the device's score.
+
+`convert_mode` converts the batch-1 SavedModel into the staging directory and
+describes the file as a `ModelEntry` (tensors read from the flatbuffer; the
+device's wrapper later checks them against the interpreter's). `judge` folds
+the graph problems and the device's `ModeResult` into the entry's verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import time
+
+import numpy as np
+
+from keras_mha_edge.attention import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from keras_mha_edge.attention import AttentionCheck
+from keras_mha_edge.bundle import add_file
+from keras_mha_edge.entries import ModeFailure, ModelEntry, Signature
+from keras_mha_edge.parity import DEFAULT_THRESHOLDS
+from keras_mha_edge.score import ModeResult
+from keras_mha_edge.tensors import TensorSpec
+
+from .verify import TENSORFLOW_RUNTIME
+
+
+def convert_mode(
+    saved_model: pathlib.Path,
+    mode: str,
+    calibration: np.ndarray,
+    staging: pathlib.Path,
+    attention_saved_model: pathlib.Path | None = None,
+) -> tuple[ModelEntry | None, list[str]]:
+    """Convert one mode into `staging` and check its graph: (entry, graph problems).
+
+    With `attention_saved_model` the model also has the attention signature
+    (`convert.VIEW_SIGNATURE`), described in the entry's `signatures` and
+    `attention`, and its subgraph is checked like the classifier's.
+    The entry is None when the converter cannot produce the mode.
+    """
+    from .convert import ConversionError, attention_signature, convert
+    from .graph import (
+        check_graph,
+        op_histogram,
+        read_graph,
+        tflite_runtime_214_can_load,
+        weight_dtypes,
+    )
+
+    start = time.perf_counter()
+    try:
+        model = convert(
+            saved_model, mode, calibration, attention_saved_model_dir=attention_saved_model
+        )
+    except ConversionError as error:
+        return None, [f"the converter cannot produce {mode}: {error}"]
+    seconds = time.perf_counter() - start
+    graph = read_graph(model)
+    problems = check_graph(graph, mode)
+    signatures, check = {}, None
+    described = attention_signature(model)
+    if described is not None:
+        signatures = {described["signature"]: _signature(described)}
+        check = AttentionCheck(described["signature"], ATTENTION_THRESHOLDS[mode])
+        view = check_graph(read_graph(model, described["subgraph"]), mode)
+        for name, found in view.items():
+            problems.setdefault(name, []).extend(f"view: {item}" for item in found)
+    ref = add_file(staging, f"model_{mode}.tflite", model)
+
+    def spec(index: int) -> TensorSpec:
+        tensor = graph.tensor(index)
+        quantized = bool(tensor.scales) and not tensor.dtype.startswith("float")
+        return TensorSpec(
+            tensor.name,
+            tensor.shape,
+            tensor.dtype,
+            tensor.scales[0] if quantized else None,
+            tensor.zero_points[0] if quantized else None,
+        )
+
+    weights = weight_dtypes(graph)
+    entry = ModelEntry(
+        mode=mode,
+        file=ref.file,
+        sha256=ref.sha256,
+        bytes=len(model),
+        input=spec(graph.inputs[0]),
+        output=spec(graph.outputs[0]),
+        thresholds=DEFAULT_THRESHOLDS[mode],
+        runtimes={"tflite-runtime": tflite_runtime_214_can_load(graph)},
+        ops=op_histogram(graph),
+        signatures=signatures,
+        attention=check,
+        checks={check: not found for check, found in problems.items()},
+        weights=weights,
+        convert_seconds=round(seconds, 3),
+        note=(
+            "no weight tensor has the 1024 elements TFLite's dynamic-range quantizer "
+            "needs, so this is the float32 graph"
+            if mode == "dynamic" and "int8" not in weights
+            else None
+        ),
+    )
+    return entry, [f"{check}: {'; '.join(found)}" for check, found in problems.items() if found]
+
+
+def _signature(described: dict) -> Signature:
+    """`convert.attention_signature`'s description as the manifest's `Signature`."""
+
+    def spec(tensor: dict) -> TensorSpec:
+        return TensorSpec(
+            tensor["name"],
+            tuple(tensor["shape"]),
+            tensor["dtype"],
+            tensor["scale"],
+            tensor["zero_point"],
+        )
+
+    inputs = described["input"]
+    inputs = inputs if isinstance(inputs, list) else [inputs]
+    return Signature(
+        inputs={t["name"]: spec(t) for t in inputs},
+        outputs={t["name"]: spec(t) for t in described["outputs"]},
+    )
+
+
+def judge(
+    entry: ModelEntry, graph_problems: list[str], result: ModeResult, runtime: str
+) -> tuple[ModelEntry, ModeFailure | None]:
+    """The entry with the device's figures and verdict, and why it failed (None if verified).
+
+    `runtimes` records the verifying runtime (LiteRT) as able to load the
+    model, or not; TensorFlow's interpreter says nothing about LiteRT.
+    """
+    loaded = math.isfinite(result.load_ms)
+    reasons = graph_problems + result.failures
+    attention = entry.attention
+    if attention is not None and loaded:
+        if result.attention_status not in ("passed", "failed"):
+            reasons.append(f"attention not verified: {result.attention_note or 'not run'}")
+        attention = dataclasses.replace(attention, parity=result.attention_parity)
+    runtimes = dict(entry.runtimes)
+    if runtime != TENSORFLOW_RUNTIME:
+        runtimes[runtime] = loaded
+    entry = dataclasses.replace(
+        entry,
+        parity=result.parity if loaded else None,
+        attention=attention,
+        verified=not reasons,
+        failures=tuple(reasons),
+        verified_with=runtime,
+        runtimes=dict(sorted(runtimes.items())),
+    )
+    if not reasons:
+        return entry, None
+    stage = "graph" if graph_problems else ("parity" if loaded else "verify")
+    return entry, ModeFailure(stage, tuple(reasons), entry.parity, entry.bytes, entry.ops)

@@ -1,0 +1,80 @@
+"""What keras-mha-export prints: a line per mode while it works, a table at the end."""
+
+from __future__ import annotations
+
+from keras_mha_edge.entries import ModelEntry
+from keras_mha_edge.manifest import Manifest
+
+
+def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
+    """One mode after verification: size, ops, figures, verdict."""
+    status = "verified" if entry.verified else "FAILED  " + "; ".join(entry.failures)
+    if entry.parity is None:
+        return f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  {status}"
+    figures = entry.parity
+    attention = ""
+    if entry.attention is not None and entry.attention.parity is not None:
+        a = entry.attention.parity
+        attention = f"  attn max|Δ| {a.max_abs_diff:.2g} agree {a.argmax_agreement:.4f}"
+    return (
+        f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
+        f"agreement {figures.agreement:.4f}  accuracy {figures.accuracy:.4f} "
+        f"(float {float_accuracy:.4f})  max|Δ| {figures.max_abs_diff:.2g}{attention}  {status}"
+    )
+
+
+def _attention_cells(entry) -> tuple[str, str]:
+    check = getattr(entry, "attention", None)
+    if check is None or check.parity is None:
+        return "-", "-"
+    return f"{check.parity.max_abs_diff:.2g}", f"{check.parity.argmax_agreement:.4f}"
+
+
+def summary_table(manifest: Manifest) -> str:
+    """Mode, bytes, size vs float32, ops, agreement, accuracy, max |Δ|, attention, verified."""
+    header = (
+        "mode", "bytes", "vs float32", "ops", "agreement", "accuracy", "max|Δ|",
+        "attn max|Δ|", "attn agree", "verified",
+    )  # fmt: skip
+    rows = [header]
+    models, failed = manifest.models, manifest.failed
+    base = models.get("float32") or failed.get("float32")
+    float32_bytes = base.bytes if base is not None else None
+    for mode in manifest.requested or tuple(models):
+        entry = models.get(mode) or failed.get(mode)
+        figures = None if entry is None else entry.parity
+        if entry is None or figures is None:
+            rows.append((mode, *["-"] * 8, "no: " + _why(manifest, mode)))
+            continue
+        ops = sum(entry.ops.values())
+        rows.append(
+            (
+                mode,
+                f"{entry.bytes:,}",
+                f"{entry.bytes / float32_bytes:.2f}x" if float32_bytes else "-",
+                str(ops),
+                f"{figures.agreement:.4f}",
+                f"{figures.accuracy:.4f}",
+                f"{figures.max_abs_diff:.2g}",
+                *_attention_cells(entry),
+                "yes" if mode in manifest.verified else "NO",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = []
+    for number, row in enumerate(rows):
+        cells = [
+            cell.ljust(width) if i in (0, len(header) - 1) else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+        if number == 0:
+            lines.append("  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _why(manifest: Manifest, mode: str) -> str:
+    failure = manifest.failed.get(mode)
+    if failure is not None and failure.stage == "convert":
+        return "conversion failed"
+    return "could not run"

@@ -1,0 +1,213 @@
+"""Where attention runs in a tensor of any rank, and the masks that go with it.
+
+`keras.layers.MultiHeadAttention` attends over `attention_axes` of a
+`(B, <dims>, features)` input; the other `<dims>` act as extra batch axes.
+Projected, a query is `(B, <dims>, h, d_k)` and the scores are
+
+    (B, <non-attention dims>, h, <query attention dims>, <key attention dims>)
+
+`AttentionAxes` moves a projected tensor to the lesson's 4-D form
+`(B', h, T, d)` (B' = batch times the non-attention dims, T = the attention
+dims flattened) and back, so both implementations compute the lesson's
+softmax(q k^T / sqrt(d_k)) v on `(B', h, T, S)` scores whatever the rank. For
+rank-3 inputs (the default axes) every move is the transpose
+`(B, T, h, d) <-> (B, h, T, d)`.
+
+Masks follow Keras's broadcasting: a mask with fewer axes than the scores
+gains axes just before the query attention dims (the head axis first), so
+`(T, S)`, `(B, T, S)` and `(B, h, T, S)` all apply to `(B, h, T, S)` scores.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+
+from keras import ops
+
+
+def projection_equation(free_dims: int, bound_dims: int, output_dims: int):
+    """Einsum equation of a projection: `(equation, bias_axes, output_rank)`.
+
+    The same equations as Keras's layer: `abc,cde->abde` projects a
+    `(B, T, d_model)` query into `(B, T, h, d_k)` with a `(d_model, h, d_k)`
+    kernel.
+    """
+    letters = string.ascii_lowercase
+    free = letters[:free_dims]
+    bound = letters[free_dims : free_dims + bound_dims]
+    out = letters[free_dims + bound_dims : free_dims + bound_dims + output_dims]
+    return f"{free}{bound},{bound}{out}->{free}{out}", out, free_dims + output_dims
+
+
+def _dims(x) -> list:
+    """Static sizes where known, dynamic ones (scalar tensors) elsewhere."""
+    dynamic = None
+    dims = []
+    for i, d in enumerate(x.shape):
+        if d is None:
+            dynamic = ops.shape(x) if dynamic is None else dynamic
+            d = dynamic[i]
+        dims.append(d)
+    return dims
+
+
+def _prod(dims):
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+class AttentionAxes:
+    """The attention axes of a rank-`rank` input (batch first, features last).
+
+    `axes` are input axes (negative ones count from the end, as in Keras);
+    `None` means every axis but the batch and the features.
+    """
+
+    def __init__(self, rank: int, axes):
+        self.rank = rank
+        if axes is None:
+            axes = tuple(range(1, rank - 1))
+        self.axes = tuple(a if a >= 0 else rank + a for a in axes)
+        if not self.axes or any(not 0 < a < rank - 1 for a in self.axes):
+            raise ValueError(
+                "`attention_axes` must name axes between the batch axis and the "
+                f"feature axis of a rank-{rank} input (1 .. {rank - 2}, or negative). "
+                f"Received: attention_axes={tuple(axes)}"
+            )
+        if len(set(self.axes)) != len(self.axes):
+            raise ValueError(f"`attention_axes` repeats an axis. Received: {tuple(axes)}")
+        self.batch_axes = tuple(a for a in range(rank - 1) if a not in self.axes)
+        self.simple = self.batch_axes == (0,) and self.axes == (1,)
+        # A projected tensor (B, <dims>, h, d): head axis rank - 1, channel rank.
+        self._to_heads = self.batch_axes + (rank - 1,) + self.axes + (rank,)
+        self._from_heads = tuple(self._to_heads.index(i) for i in range(rank + 1))
+        # One head's tensor (B, <dims>, d): channel axis rank - 1.
+        self._to_rows = self.batch_axes + self.axes + (rank - 1,)
+        self._from_rows = tuple(self._to_rows.index(i) for i in range(rank))
+
+    @property
+    def scores_rank(self) -> int:
+        return len(self.batch_axes) + 1 + 2 * len(self.axes)
+
+    def scores_shape(self, query_shape, key_shape, num_heads: int) -> tuple:
+        """Keras's score shape: (B, <non-attention dims>, h, <T dims>, <S dims>)."""
+        return (
+            tuple(query_shape[a] for a in self.batch_axes)
+            + (num_heads,)
+            + tuple(query_shape[a] for a in self.axes)
+            + tuple(key_shape[a] for a in self.axes)
+        )
+
+    # ----------------------------------------------------- all heads at once
+    def to_heads(self, x):
+        """(B, <dims>, h, d) -> (B', h, T, d)."""
+        y = ops.transpose(x, self._to_heads)
+        if self.simple:
+            return y
+        dims = _dims(y)
+        nb, na = len(self.batch_axes), len(self.axes)
+        return ops.reshape(
+            y, (_prod(dims[:nb]), dims[nb], _prod(dims[nb + 1 : nb + 1 + na]), dims[-1])
+        )
+
+    def from_heads(self, y, like):
+        """(B', h, T, d) -> (B, <dims>, h, d), `like` giving the <dims>."""
+        if not self.simple:
+            dims = _dims(like)
+            shape = [dims[a] for a in self.batch_axes] + [y.shape[1]]
+            shape += [dims[a] for a in self.axes] + [y.shape[-1]]
+            y = ops.reshape(y, shape)
+        return ops.transpose(y, self._from_heads)
+
+    # ------------------------------------------------------------- one head
+    def to_rows(self, x):
+        """One head's (B, <dims>, d) -> (B', T, d)."""
+        y = ops.transpose(x, self._to_rows)
+        if self.simple:
+            return y
+        dims = _dims(y)
+        nb = len(self.batch_axes)
+        return ops.reshape(y, (_prod(dims[:nb]), _prod(dims[nb:-1]), dims[-1]))
+
+    def from_rows(self, y, like):
+        """(B', T, d) -> (B, <dims>, d), `like` giving the <dims>."""
+        if not self.simple:
+            dims = _dims(like)
+            shape = [dims[a] for a in self.batch_axes] + [dims[a] for a in self.axes]
+            y = ops.reshape(y, shape + [y.shape[-1]])
+        return ops.transpose(y, self._from_rows)
+
+    # --------------------------------------------------------------- scores
+    def unflatten_scores(self, scores, query, key):
+        """(B', h, T, S) -> Keras's score shape, from the (projected) inputs."""
+        if self.simple:
+            return scores
+        q, k = _dims(query), _dims(key)
+        shape = [q[a] for a in self.batch_axes] + [scores.shape[1]]
+        shape += [q[a] for a in self.axes] + [k[a] for a in self.axes]
+        return ops.reshape(scores, shape)
+
+    def expand_mask(self, mask):
+        """A mask with fewer axes than the scores gains them as Keras adds
+        them: just before the query attention dims (the head axis first)."""
+        axis = -2 * len(self.axes) - 1
+        for _ in range(self.scores_rank - len(mask.shape)):
+            mask = ops.expand_dims(mask, axis)
+        return mask
+
+    def flatten_mask(self, mask, query, key):
+        """A mask of the scores' rank -> (B' or 1, h or 1, T, S)."""
+        if self.simple:
+            return mask
+        q, k = _dims(query), _dims(key)
+        nb = len(self.batch_axes)
+        heads = mask.shape[nb]
+        target = [q[a] for a in self.batch_axes] + [heads]
+        target += [q[a] for a in self.axes] + [k[a] for a in self.axes]
+        mask = ops.broadcast_to(mask, target)
+        na = len(self.axes)
+        t = _prod(target[nb + 1 : nb + 1 + na])
+        return ops.reshape(mask, (_prod(target[:nb]), heads, t, _prod(target[nb + 1 + na :])))
+
+    def check_mask(self, mask_shape, scores_shape) -> None:
+        """ValueError unless the mask broadcasts to the scores as Keras's does."""
+        m, s = tuple(mask_shape), tuple(scores_shape)
+        need = 2 * len(self.axes)
+        ok = need <= len(m) <= len(s)
+        if ok:
+            # Align as expand_mask does: the missing axes sit before the
+            # query attention dims.
+            pad = len(s) - len(m)
+            aligned = m[: len(m) - need] + (1,) * pad + m[len(m) - need :]
+            ok = all(a is None or b is None or a in (1, b) for a, b in zip(aligned, s))
+        if not ok:
+            names = (
+                "(batch, num_heads, T, S)" if self.simple else "(batch, ..., num_heads, T.., S..)"
+            )
+            raise ValueError(
+                f"`attention_mask` must be broadcastable to the attention scores {names} "
+                f"= {s}: (T, S), (batch, T, S) or (batch, num_heads, T, S), missing axes "
+                f"added before T as in keras.layers.MultiHeadAttention. Received: "
+                f"attention_mask.shape={m}"
+            )
+
+
+def causal_mask(query, value):
+    """(1, T, S) lower-triangular: position t sees positions <= t."""
+    rows = ops.expand_dims(ops.arange(ops.shape(query)[1]), -1)
+    cols = ops.expand_dims(ops.arange(ops.shape(value)[1]), 0)
+    return ops.expand_dims(ops.greater_equal(rows, cols), 0)
+
+
+def sliding_window_mask(query, value, window: int):
+    """(1, T, S) band: position t sees positions s with |t - s| < window."""
+    rows = ops.expand_dims(ops.arange(ops.shape(query)[1], dtype="int32"), -1)
+    cols = ops.expand_dims(ops.arange(ops.shape(value)[1], dtype="int32"), 0)
+    return ops.expand_dims(ops.less(ops.abs(rows - cols), window), 0)
+
+
+def inverse_sqrt(d: int) -> float:
+    return 1.0 / math.sqrt(float(d))

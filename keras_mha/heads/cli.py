@@ -1,0 +1,110 @@
+"""keras-mha-heads: which heads matter, pruning that removes them, per-head views.
+
+    keras-mha-heads importance RUN_DIR [--split train|validation]
+    keras-mha-heads curve RUN_DIR [--step 0.1] [--split train|validation] [--no-reconstruct]
+    keras-mha-heads prune RUN_DIR --fraction F --out NEW_RUN_DIR [--finetune-epochs N]
+                          [--finetune-lr LR] [--split train|validation] [--no-reconstruct]
+                          [--overwrite]
+    keras-mha-heads plot RUN_DIR --sample N
+    keras-mha-heads view RUN_DIR --sample N [--out FILE.html]
+
+Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
+Better than One?": each head h gets a mask xi_h on its output (1 = on), and
+
+    I_h = E_x | dL(x) / d xi_h |
+
+over a split that is not the test split (the run's training split before
+augmentation by default, `--split validation` for its validation split: on
+digits 1,293 examples against 144), normalised per layer by the L2 norm.
+Pruning removes a head's W_i^Q, W_i^K, W_i^V, biases and its block of W^O
+(`MultiHeadAttention.pruned`); the pruned model equals the original with
+those heads masked.
+
+Then, unless `--no-reconstruct`, the maps after the removed heads (W^O, the
+FFN's output Dense, the classifier) are refit by least squares so that the
+smaller model's activations are fit to the original's on the training split
+(no labels, no gradient steps), and `--finetune-epochs` trains it further.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
+from keras_mha_edge.command import Parser, nonnegative_int, quiet_tensorflow, run_main
+
+PROG = "keras-mha-heads"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    split = argparse.ArgumentParser(add_help=False)
+    split.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="train",
+        help="non-test split the importance is averaged over (default: train, before augmentation)",
+    )
+    refit = argparse.ArgumentParser(add_help=False)
+    refit.add_argument(
+        "--reconstruct",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="after removing heads, refit W^O, the FFN output and the classifier by least "
+        "squares to the unpruned model's activations on the training split, before "
+        "augmentation (default: on)",
+    )
+    p = sub.add_parser(
+        "importance", parents=[split], help="head importance and single-head ablation"
+    )
+    p.add_argument("run_dir")
+    p = sub.add_parser(
+        "curve", parents=[split, refit], help="accuracy against the fraction of heads pruned"
+    )
+    p.add_argument("run_dir")
+    p.add_argument("--step", type=float, default=0.1, help="fraction of all heads pruned per step")
+    p = sub.add_parser(
+        "prune", parents=[split, refit], help="remove the least important heads; write a new run"
+    )
+    p.add_argument("run_dir")
+    p.add_argument(
+        "--fraction", type=float, required=True, help="fraction of all heads to remove, in [0, 1)"
+    )
+    p.add_argument("--out", required=True, help="new run directory")
+    p.add_argument(
+        "--finetune-epochs",
+        type=nonnegative_int,
+        default=0,
+        help="epochs of training after pruning and reconstruction; the weights with the "
+        "lowest validation loss are kept, the starting ones included (default 0: none)",
+    )
+    p.add_argument(
+        "--finetune-lr", type=float, default=5e-4, help="fine-tune learning rate (default 5e-4)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p = sub.add_parser("plot", help="attention map of every head for one input")
+    p.add_argument("run_dir")
+    p.add_argument("--sample", type=nonnegative_int, default=0)
+    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/heads/heads_sampleN.png)")
+    p = sub.add_parser("view", help="head view page (HTML) of the float model for one input")
+    p.add_argument("run_dir")
+    p.add_argument("--sample", type=nonnegative_int, default=0)
+    p.add_argument(
+        "--out", default=None, help="HTML path (default RUN_DIR/heads/view_sampleN.html)"
+    )
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    quiet_tensorflow()  # before anything below imports TensorFlow
+    from keras_mha.heads import commands
+
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `keras-mha-heads`; returns the exit status."""
+    return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))

@@ -1,0 +1,312 @@
+"""The five commands of keras-mha-heads, each `cmd_NAME(args) -> exit status`.
+
+Each reads its run through `keras_mha.rundir`, computes with the library
+rooms of this package and writes JSON and PNGs into `RUN_DIR/heads/` (or a
+new run directory for `prune`), always atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from keras_mha.heads import plotting
+from keras_mha.heads.finetune import finetune
+from keras_mha.heads.importance import head_importance, scoring_data
+from keras_mha.heads.masks import accuracy, all_heads_on, as_removal, heads_per_layer, predict
+from keras_mha.heads.reconstruction import reconstruct, reconstruction_record
+from keras_mha.heads.selection import pruning_curve, select_heads_to_prune
+from keras_mha.heads.statistics import cue_accuracy, paired_drop
+from keras_mha.heads.surgery import prune_model
+from keras_mha.rundir import RunWriter, check_out, read_run
+from keras_mha_edge.command import UsageError, check_writable
+from keras_mha_edge.files import write_json_atomic
+
+HEADS_DIR = "heads"
+
+
+def _heads_dir(run_dir: str) -> pathlib.Path:
+    """RUN_DIR/heads/, checked writable before any work."""
+    out = pathlib.Path(run_dir) / HEADS_DIR
+    check_writable(out / "importance.json", "RUN_DIR")
+    return out
+
+
+def cmd_importance(args: argparse.Namespace) -> int:
+    run = read_run(args.run_dir)
+    out = _heads_dir(args.run_dir)
+    model = run.load_model()
+    x_score, y_score = scoring_data(run.load_dataset(), args.split)
+    scores = head_importance(model, x_score, y_score)
+    ev = run.eval
+    base_probs = predict(model, ev.x)
+    base = float((base_probs.argmax(-1) == ev.y).mean())
+    cues = ev.extras.get("cue")
+    rows = []
+    for layer, score in enumerate(scores):
+        for head, value in enumerate(score):
+            head_masks = all_heads_on(model)
+            head_masks[layer][head] = 0.0
+            probs = predict(model, ev.x, head_masks)
+            row = {
+                "layer": layer,
+                "head": head,
+                "importance": float(value),
+                "accuracy_without": float((probs.argmax(-1) == ev.y).mean()),
+            }
+            if cues is not None:
+                row["cue_accuracy_without"] = cue_accuracy(probs, ev.y, cues)
+            rows.append(row)
+    result = {
+        "run": str(args.run_dir),
+        "split": args.split,
+        "split_size": len(y_score),
+        "test_accuracy": base,
+        "heads": rows,
+    }
+    if cues is not None:
+        result["cue_accuracy"] = cue_accuracy(base_probs, ev.y, cues)
+    print(f"test accuracy with every head: {base:.4f}")
+    print(f"{'layer':>5} {'head':>4} {'importance':>10} {'acc without':>11}")
+    for r in rows:
+        print(
+            f"{r['layer']:5d} {r['head']:4d} {r['importance']:10.4f} {r['accuracy_without']:11.4f}"
+        )
+    write_json_atomic(out / "importance.json", result)
+    plotting.plot_importance(rows, args.split, out / "importance.png")
+    print(f"wrote {out / 'importance.json'} and {out / 'importance.png'}")
+    return 0
+
+
+def cmd_curve(args: argparse.Namespace) -> int:
+    if not 0.0 < args.step < 1.0:
+        raise UsageError(f"--step must be in (0, 1); got {args.step}")
+    run = read_run(args.run_dir)
+    out = _heads_dir(args.run_dir)
+    model = run.load_model()
+    data = run.load_dataset()
+    x_score, y_score = scoring_data(data, args.split)
+    x_reconstruct = data.x_train if args.reconstruct else None
+    points = pruning_curve(
+        model, run.config, x_score, y_score, run.eval.x, run.eval.y, args.step, x_reconstruct
+    )
+    print(f"test accuracy, importance on the {args.split} split")
+    print(
+        f"{'pruned':>7} {'accuracy':>8}" + (f" {'reconstructed':>13}" if args.reconstruct else "")
+    )
+    for p in points:
+        line = f"{p['fraction']:7.0%} {p['accuracy']:8.4f}"
+        if args.reconstruct:
+            line += f" {p['accuracy_reconstructed']:13.4f}"
+        print(line)
+    record = reconstruction_record(len(data.x_train)) if args.reconstruct else None
+    write_json_atomic(
+        out / "curve.json",
+        {
+            "run": str(args.run_dir),
+            "step": args.step,
+            "split": args.split,
+            "reconstruction": record,
+            "points": points,
+        },
+    )
+    plotting.plot_curve(points, args.split, args.reconstruct, out / "curve.png")
+    print(f"wrote {out / 'curve.json'} and {out / 'curve.png'}")
+    return 0
+
+
+def _check_prune_args(args: argparse.Namespace) -> None:
+    if not 0.0 <= args.fraction < 1.0:
+        raise UsageError(f"--fraction must be in [0, 1); got {args.fraction}")
+    if not args.finetune_lr > 0:
+        raise UsageError(f"--finetune-lr must be > 0; got {args.finetune_lr}")
+    if pathlib.Path(args.out).resolve() == pathlib.Path(args.run_dir).resolve():
+        raise UsageError("the output must differ from the source run", f"--out {args.out}")
+    check_out(args.out, args.overwrite)
+    check_writable(args.out, "--out")
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    _check_prune_args(args)
+    run = read_run(args.run_dir)
+    model = run.load_model()
+    ev = run.eval
+    with RunWriter(args.out, args.overwrite) as writer:  # nothing replaces --out on failure
+        data = run.load_dataset()
+        correct_before = predict(model, ev.x).argmax(-1) == ev.y
+        before = float(correct_before.mean())
+        x_score, y_score = scoring_data(data, args.split)
+        removed = select_heads_to_prune(model, x_score, y_score, args.fraction)
+        pruned, config = prune_model(model, as_removal(removed), run.config)
+        after = accuracy(pruned, ev.x, ev.y)
+        reconstructed = None
+        if args.reconstruct:
+            reconstruct(model, pruned, data.x_train)
+            reconstructed = accuracy(pruned, ev.x, ev.y)
+        finetuned = finetuned_with = None
+        if args.finetune_epochs:
+            finetuned_with = finetune(
+                pruned, data, run.metrics, args.finetune_epochs, args.finetune_lr
+            )
+            finetuned = accuracy(pruned, ev.x, ev.y)
+        probs = predict(pruned, ev.x).astype("float32")
+        drop = paired_drop(correct_before, probs.argmax(-1) == ev.y)
+        from keras_mha.model import count_params
+
+        pruning = {
+            "source_run": str(args.run_dir),
+            "fraction_requested": args.fraction,
+            "importance_split": args.split,
+            "heads_before": heads_per_layer(model),
+            "heads_after": heads_per_layer(pruned),
+            "removed": [list(p) for p in removed],
+            "fraction_removed": len(removed) / sum(heads_per_layer(model)),
+            "params_before": count_params(model),
+            "params_after": count_params(pruned),
+            "test_accuracy_before": before,
+            "test_accuracy_pruned": after,
+            "reconstruction": reconstruction_record(len(data.x_train))
+            if args.reconstruct
+            else None,
+            "test_accuracy_reconstructed": reconstructed,
+            "test_accuracy_finetuned": finetuned,
+            "finetune_epochs": args.finetune_epochs,
+            "finetune_learning_rate": args.finetune_lr if args.finetune_epochs else None,
+            "finetune": finetuned_with,
+            "test_drop": drop,
+        }
+        metrics = {
+            **run.metrics,
+            "test_accuracy": float((probs.argmax(-1) == ev.y).mean()),
+            "num_params": count_params(pruned),
+            "pruning": pruning,
+        }
+        writer.write(
+            pruned, metrics, config, ev.with_probs(probs), run.calibration, run.labels, run.vocab
+        )
+    _print_pruning(pruning, args, drop)
+    return 0
+
+
+def _print_pruning(p: dict, args: argparse.Namespace, drop: dict) -> None:
+    total = sum(p["heads_before"])
+    print(
+        f"removed {len(p['removed'])}/{total} heads {p['removed']}: heads per layer "
+        f"{p['heads_before']} -> {p['heads_after']}, "
+        f"params {p['params_before']} -> {p['params_after']}"
+    )
+    line = (
+        f"test accuracy {p['test_accuracy_before']:.4f} -> {p['test_accuracy_pruned']:.4f} pruned"
+    )
+    if p["test_accuracy_reconstructed"] is not None:
+        line += f" -> {p['test_accuracy_reconstructed']:.4f} reconstructed"
+    if p["test_accuracy_finetuned"] is not None:
+        line += (
+            f" -> {p['test_accuracy_finetuned']:.4f} after {args.finetune_epochs} fine-tune epochs"
+        )
+        if not p["finetune"]["improved"]:
+            line += " (no epoch beat the start's validation loss; start kept)"
+    print(line)
+    low, high = drop["ci95_points"]
+    print(
+        f"drop {drop['points']:.2f} points (test examples lost/gained: {drop['lost']}/"
+        f"{drop['gained']} of {drop['examples']}); 95 % paired bootstrap interval "
+        f"{low:.2f} to {high:.2f} points"
+    )
+    print(f"wrote {args.out}")
+
+
+@dataclasses.dataclass
+class _Sample:
+    """One eval input of a run, with the float Keras model's attention and prediction."""
+
+    x: np.ndarray  # (1, T, ...) as the model takes it
+    label: int
+    probs: np.ndarray  # (C,)
+    scores: list[np.ndarray]  # per layer (h, T, S)
+    tokens: list[str]  # the unpadded tokens ("row i" for digits)
+    pronoun_index: int | None  # text: the (last) pronoun's position
+
+
+def _sample(run, sample: int) -> _Sample:
+    n = len(run.eval.x)
+    if not 0 <= sample < n:
+        raise UsageError(f"--sample must be in [0, {n}); got {sample}")
+    from keras import ops
+
+    from keras_mha.model import forward
+
+    model = run.load_model()
+    x = run.eval.x[sample : sample + 1]
+    probs, scores = forward(model, x, return_attention_scores=True)
+    pronoun_index = None
+    if run.vocab is not None:
+        length = max(1, int((x[0] != run.vocab.pad_id).sum()))
+        tokens = [run.vocab.tokens[i] for i in x[0][:length]]
+        for i, t in enumerate(tokens):
+            if t in ("it", "they"):
+                pronoun_index = i
+    else:
+        tokens = [f"row {i}" for i in range(x.shape[1])]
+    return _Sample(
+        x=x,
+        label=int(run.eval.y[sample]),
+        probs=ops.convert_to_numpy(probs)[0],
+        scores=[ops.convert_to_numpy(s)[0] for s in scores],
+        tokens=tokens,
+        pronoun_index=pronoun_index,
+    )
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    default = pathlib.Path(args.run_dir) / HEADS_DIR / f"heads_sample{args.sample}.png"
+    out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")
+    run = read_run(args.run_dir)
+    s = _sample(run, args.sample)
+    pred = int(s.probs.argmax())
+    title = f"label {run.labels[s.label]}, predicted {run.labels[pred]}"
+    image = None
+    if run.vocab is None:
+        image, title = s.x[0], f"input: {title}"
+    rows = plotting.plot_sample(image, s.tokens, s.scores, title, out, s.pronoun_index)
+    if s.pronoun_index is not None:
+        tokens = s.tokens
+        print(f"attention of '{tokens[s.pronoun_index]}' (row {s.pronoun_index}) per head:")
+        for (layer, head), row in rows.items():
+            top = np.argsort(row)[::-1][:3]
+            print(
+                f"  layer {layer} head {head}: "
+                + ", ".join(f"{tokens[j]} {row[j]:.2f}" for j in top)
+            )
+    print(f"wrote {out}")
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    """The head view page (keras_mha_edge.view) from the float Keras model."""
+    from keras_mha_edge.view import ViewData, write_html
+
+    default = pathlib.Path(args.run_dir) / HEADS_DIR / f"view_sample{args.sample}.html"
+    out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")
+    run = read_run(args.run_dir)
+    s = _sample(run, args.sample)
+    text = run.vocab is not None
+    data = ViewData(
+        tokens=s.tokens,
+        device=s.scores,
+        labels=list(run.labels),
+        probs=s.probs,
+        input_kind="text" if text else "pixels",
+        pixels=None if text else s.x[0],
+        text=" ".join(s.tokens) if text else None,
+        mode="keras",
+        title=f"{run.dataset} sample {args.sample}: the float Keras model's heads",
+        true_label=run.labels[s.label],
+        initial_query=s.pronoun_index,
+    )
+    write_html(out, data)
+    print(f"wrote {out}")
+    return 0

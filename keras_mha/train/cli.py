@@ -1,0 +1,122 @@
+"""keras-mha-train: train the small transformer classifier and write a run directory.
+
+    keras-mha-train [--dataset digits|pronouns] [--out DIR] [--epochs N]
+                    [--num-heads H] [--d-model D] [--num-layers L] [--seed S]
+                    [--distribute mirrored] [--overwrite]
+
+The run directory (default `runs/<dataset>`) holds model.keras, metrics.json,
+eval.npz, calibration.npz, labels.json, vocab.json (text datasets) and two
+plots; docs/artifacts.md describes each file. The run is written into a
+temporary directory beside DIR and renamed into place at the end, so a run
+that fails or is interrupted leaves no half-written directory.
+
+`--help` and argument errors are answered before TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from keras_mha.train.presets import DISTRIBUTE, describe_presets
+from keras_mha_edge.command import (
+    Parser,
+    check_writable,
+    nonnegative_int,
+    positive_int,
+    quiet_tensorflow,
+    run_main,
+)
+
+PROG = "keras-mha-train"
+DATASETS = ("digits", "pronouns")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog="Defaults per dataset -- " + describe_presets(),
+    )
+    parser.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=None, help="run directory (default: runs/<dataset>)"
+    )
+    parser.add_argument(
+        "--epochs", type=positive_int, default=None, help="most epochs (default: the dataset's)"
+    )
+    parser.add_argument(
+        "--num-heads", type=positive_int, default=None, help="attention heads per layer"
+    )
+    parser.add_argument(
+        "--d-model", type=positive_int, default=None, help="model width, divisible by the heads"
+    )
+    parser.add_argument("--num-layers", type=positive_int, default=None, help="encoder blocks")
+    parser.add_argument("--ff-dim", type=positive_int, default=None, help="feed-forward size")
+    parser.add_argument("--dropout", type=float, default=None, help="dropout rate, in [0, 1)")
+    parser.add_argument("--batch-size", type=positive_int, default=None)
+    parser.add_argument("--learning-rate", type=float, default=None)
+    parser.add_argument(
+        "--patience", type=positive_int, default=None, help="early-stopping patience in epochs"
+    )
+    parser.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="one-pixel shifted copies of the training images (digits; default: on)",
+    )
+    parser.add_argument(
+        "--seed", type=nonnegative_int, default=0, help="split, weights, shuffling (default: 0)"
+    )
+    parser.add_argument(
+        "--distribute",
+        choices=DISTRIBUTE,
+        default=None,
+        help="train under a tf.distribute strategy",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing run directory"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    out = args.out or pathlib.Path(f"runs/{args.dataset}")
+    check_writable(out, "--out")
+    quiet_tensorflow()  # before anything below imports TensorFlow
+    from keras_mha.train.pipeline import train
+
+    metrics = train(
+        args.dataset,
+        out,
+        epochs=args.epochs,
+        seed=args.seed,
+        distribute=args.distribute,
+        overwrite=args.overwrite,
+        verbose=0 if args.quiet else 1,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        patience=args.patience,
+        shift_augment=args.augment,
+        num_heads=args.num_heads,
+        d_model=args.d_model,
+        num_layers=args.num_layers,
+        ff_dim=args.ff_dim,
+        dropout=args.dropout,
+    )
+    summary = (
+        f"{metrics['dataset']}: test accuracy {metrics['test_accuracy']:.4f}, "
+        f"{metrics['num_params']} parameters, {metrics['epochs_run']} epochs in "
+        f"{metrics['train_seconds']:.1f} s -> {out}"
+    )
+    if "per_cue_accuracy" in metrics:
+        cues = ", ".join(f"{k} {v:.4f}" for k, v in metrics["per_cue_accuracy"].items())
+        summary += f" (per cue: {cues})"
+    print(summary)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `keras-mha-train`; returns the exit status."""
+    return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))

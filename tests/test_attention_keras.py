@@ -1,0 +1,361 @@
+"""keras_mha.MultiHeadAttention as keras.layers.MultiHeadAttention: its whole
+API (masks, output_shape, attention_axes, use_gate, sliding_window,
+flash_attention, the override point, quantization, LoRA, dtype policy maps)
+against Keras's own layer with the same weights, on any backend."""
+
+from __future__ import annotations
+
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+from keras_mha import MultiHeadAttention
+
+npy = keras.ops.convert_to_numpy
+IMPLS = pytest.mark.parametrize("implementation", ["fused", "per_head"])
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+def randn(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+def assert_close(got, want, rtol=1e-5):
+    """Equal to float32 rounding, relative to the outputs' size (rounding
+    grows with magnitude): max |got - want| <= rtol * max(1, max |want|)."""
+    got, want = npy(got), npy(want)
+    assert got.shape == want.shape
+    scale = max(1.0, float(np.abs(want).max()))
+    assert float(np.abs(got - want).max()) <= rtol * scale, float(np.abs(got - want).max())
+
+
+def keras_and_ours(implementation="fused", seed=7, call_args=None, **kwargs):
+    """A built Keras layer and ours with its weights."""
+    keras.utils.set_random_seed(seed)
+    ref = keras.layers.MultiHeadAttention(**kwargs)
+    # With scores: Keras 3.15's JAX fast path fails when value_dim != key_dim.
+    ref(*call_args, return_attention_scores=True)
+    return ref, MultiHeadAttention.from_keras(ref, implementation=implementation)
+
+
+# ---------------------------------------------------------------------- masks
+B, T, S, H = 3, 4, 6, 4  # T == num_heads: where a misplaced head axis hides
+
+
+def _mask(shape, seed=1):
+    m = np.random.default_rng(seed).random(shape) > 0.4
+    m[..., 0] = True  # every row may attend somewhere (Keras's fast path is undefined there)
+    return m
+
+
+@IMPLS
+@pytest.mark.parametrize(
+    "mask_shape",
+    [(T, S), (1, T, S), (B, T, S), (B, 1, S), (B, T, 1), (1, 1, T, S), (B, 1, T, S), (B, H, T, S)],
+    ids=str,
+)
+def test_every_mask_shape_keras_accepts_is_broadcast_as_keras_does(mask_shape, implementation):
+    q, v = randn(B, T, 8, seed=2), randn(B, S, 8, seed=3)
+    ref, ours = keras_and_ours(implementation, num_heads=H, key_dim=2, call_args=(q, v))
+    mask = _mask(mask_shape)
+    want, want_scores = ref(q, v, attention_mask=mask, return_attention_scores=True)
+    got, got_scores = ours(q, v, attention_mask=mask, return_attention_scores=True)
+    assert_close(got, want)
+    assert_close(got_scores, want_scores)
+    assert_close(ours(q, v, attention_mask=mask), ref(q, v, attention_mask=mask))  # fast paths
+    # The 2-D mask means the same as the (B, T, S) one it broadcasts to.
+    full = mask
+    while full.ndim < 4:  # Keras adds the missing axes before T (the head axis first)
+        full = np.expand_dims(full, -3)
+    full = np.broadcast_to(full, (B, H, T, S))
+    assert_close(got, ours(q, v, attention_mask=full))
+
+
+@pytest.mark.parametrize(
+    "mask_shape", [(S,), (T + 1, S), (B, 3, T, S), (1, B, 1, T, S), (2, T, S)], ids=str
+)
+def test_mask_shapes_keras_refuses_are_a_clear_value_error(mask_shape):
+    layer = MultiHeadAttention(num_heads=H)
+    with pytest.raises(ValueError, match=r"`attention_mask` must be broadcastable .*Received"):
+        layer(randn(B, T, 8), randn(B, S, 8), attention_mask=np.ones(mask_shape, bool))
+
+
+@IMPLS
+def test_rows_with_nothing_to_attend_get_zero_weights_and_output(implementation):
+    layer = MultiHeadAttention(num_heads=2, implementation=implementation, use_bias=False)
+    mask = np.ones((2, 3, 5), bool)
+    mask[1, 2] = False
+    x, v = randn(2, 3, 8), randn(2, 5, 8, seed=1)
+    y, scores = layer(x, v, attention_mask=mask, return_attention_scores=True)
+    assert np.abs(npy(scores)[1, :, 2]).max() == 0.0
+    assert np.abs(npy(y)[1, 2]).max() == 0.0  # no bias: W^O of a zero concat
+    assert_close(layer(x, v, attention_mask=mask), y)  # the no-scores path agrees
+
+
+# ------------------------------------------------------------ output_shape
+@IMPLS
+@pytest.mark.parametrize("output_shape", [6, (6,), (2, 5)], ids=str)
+def test_output_shape_int_or_tuple_matches_keras(output_shape, implementation):
+    q, v = randn(2, 4, 8), randn(2, 5, 6, seed=1)
+    ref, ours = keras_and_ours(
+        implementation, num_heads=2, key_dim=3, output_shape=output_shape, call_args=(q, v)
+    )
+    want = ref(q, v, return_attention_scores=True)[0]
+    assert_close(ours(q, v), want)
+    expected = (2, 4) + ((output_shape,) if isinstance(output_shape, int) else output_shape)
+    assert ours.compute_output_shape(q.shape, v.shape) == expected == tuple(want.shape)
+    concat = npy(ours.concat_heads(q, v))  # (B, T, h * d_v) whatever output_shape is
+    assert concat.shape == (2, 4, 6)
+
+
+@pytest.fixture(scope="module")
+def legacy_files(tmp_path_factory) -> pathlib.Path:
+    """Files written by keras_mha 0.1.0, made from its source in the git history."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("legacy")
+    proc = subprocess.run(
+        [sys.executable, str(DATA / "make_legacy_fixtures.py"), str(out)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        if "fatal:" in proc.stderr:  # git, or commit 588c9bd, is not there
+            pytest.skip("keras_mha 0.1.0's source is not in this clone's git history")
+        raise AssertionError(proc.stderr[-3000:])
+    return out
+
+
+def test_old_output_dim_config_and_files_still_load(legacy_files):
+    layer = MultiHeadAttention.from_config({"num_heads": 2, "output_dim": 6})
+    assert layer.get_config()["output_shape"] == (6,)
+    assert "output_dim" not in layer.get_config()
+    want = np.load(legacy_files / "legacy_0.1.0.npz")
+    # Written by keras_mha 0.1.0 (tests/data/make_legacy_fixtures.py):
+    # weights on the layer, heads first, `output_dim` in the config.
+    model = keras.saving.load_model(legacy_files / "legacy_0.1.0_mha.keras")
+    got_mha, got_nobias = model([want["x"], want["m"]])
+    assert_close(got_mha, want["mha"])
+    assert_close(got_nobias, want["nobias"])
+    assert model.get_layer("mha").output_kernel.shape == (2, 4, 6)
+    block = keras.saving.load_model(legacy_files / "legacy_0.1.0_block.keras")
+    assert_close(block(want["x"]), want["block"])
+
+
+# ---------------------------------------------------------- attention_axes
+@IMPLS
+@pytest.mark.parametrize(
+    "q_shape,v_shape,axes,mask_shape",
+    [
+        ((2, 3, 4, 8), (2, 3, 5, 8), (2,), (4, 5)),
+        ((2, 3, 4, 8), (2, 3, 5, 8), -2, (2, 3, 4, 5)),
+        ((2, 3, 4, 8), (2, 2, 5, 8), (1, 2), (2, 3, 4, 2, 5)),
+        ((2, 5, 3, 4, 8), (2, 5, 3, 2, 8), (2, 3), (3, 4, 3, 2)),
+        ((2, 6, 3, 8), (2, 6, 3, 8), (1,), None),
+    ],
+    ids=["4d-axis2", "4d-negative", "4d-two-axes", "5d-two-axes", "4d-axis1"],
+)
+def test_attention_axes_match_keras(q_shape, v_shape, axes, mask_shape, implementation):
+    q, v = randn(*q_shape), randn(*v_shape, seed=1)
+    ref, ours = keras_and_ours(
+        implementation, num_heads=2, key_dim=3, attention_axes=axes, call_args=(q, v)
+    )
+    mask = None if mask_shape is None else _mask(mask_shape)
+    want, want_scores = ref(q, v, attention_mask=mask, return_attention_scores=True)
+    got, got_scores = ours(q, v, attention_mask=mask, return_attention_scores=True)
+    assert tuple(got_scores.shape) == tuple(want_scores.shape)
+    assert_close(got, want)
+    assert_close(got_scores, want_scores)
+    assert_close(ours(q, v, attention_mask=mask), want)
+    spec = ours.compute_output_spec(
+        keras.KerasTensor(q.shape), keras.KerasTensor(v.shape), return_attention_scores=True
+    )
+    assert tuple(spec[1].shape) == tuple(want_scores.shape)
+    # head_mask and pruning work on every axis layout.
+    pruned = ours.pruned([1])
+    assert_close(
+        pruned(q, v, attention_mask=mask), ours(q, v, attention_mask=mask, head_mask=[0, 1])
+    )
+
+
+# -------------------------------------------------- use_gate, sliding window
+@IMPLS
+def test_use_gate_matches_keras_and_is_stored_per_head(implementation):
+    q, v = randn(2, 5, 8), randn(2, 7, 8, seed=1)
+    ref, ours = keras_and_ours(
+        implementation, num_heads=2, key_dim=4, use_gate=True, call_args=(q, v)
+    )
+    assert_close(ours(q, v), ref(q, v, return_attention_scores=True)[0])
+    assert tuple(ours.gate_kernel.shape) == (8, 2, 4)  # gate of head i: [:, i, :]
+    w = ours.head_weights(1)
+    np.testing.assert_array_equal(w["gate_kernel"], npy(ours.gate_kernel)[:, 1, :])
+    assert_close(ours.pruned([1])(q, v), ours(q, v, head_mask=np.array([0.0, 1.0])))
+
+
+@IMPLS
+@pytest.mark.parametrize("causal", [False, True], ids=["band", "causal-band"])
+def test_sliding_window_matches_keras_with_causal_and_explicit_masks(causal, implementation):
+    x = randn(2, 7, 8)
+    ref, ours = keras_and_ours(
+        implementation, num_heads=2, key_dim=4, sliding_window=3, call_args=(x, x)
+    )
+    mask = _mask((2, 7, 7))
+    want, want_scores = ref(
+        x, x, attention_mask=mask, use_causal_mask=causal, return_attention_scores=True
+    )
+    got, scores = ours(
+        x, x, attention_mask=mask, use_causal_mask=causal, return_attention_scores=True
+    )
+    assert_close(got, want)
+    assert_close(scores, want_scores)
+    i, j = np.indices((7, 7))
+    outside = (np.abs(i - j) >= 3) | ((j > i) if causal else False) | ~mask[:, None]
+    assert np.abs(npy(scores)[np.broadcast_to(outside, scores.shape)]).max() == 0.0
+
+
+# ------------------------------------------------------------ flash, spec
+def test_dot_product_attention_path_gives_the_same_numbers(monkeypatch):
+    """Without scores or dropout the fused path may call
+    keras.ops.dot_product_attention (JAX, PyTorch; TensorFlow only with
+    flash_attention=True); its numbers equal the explicit softmax's,
+    rows with nothing to attend to included."""
+    calls = []
+    real = keras.ops.dot_product_attention
+    monkeypatch.setattr(
+        keras.ops, "dot_product_attention", lambda *a, **k: calls.append(k) or real(*a, **k)
+    )
+    layer = MultiHeadAttention(num_heads=4)
+    x, v = randn(2, 5, 16), randn(2, 6, 16, seed=1)
+    mask = _mask((2, 5, 6))
+    mask[0, 3] = False
+    for kwargs in ({}, {"attention_mask": mask}, {"use_causal_mask": True}):
+        explicit, _ = layer(x, v, return_attention_scores=True, **kwargs)
+        assert_close(layer(x, v, **kwargs), explicit)
+    expected = 0 if keras.backend.backend() == "tensorflow" else 3
+    assert len(calls) == expected
+    assert all(k["is_causal"] is (i == 2) for i, k in enumerate(calls))
+
+
+def test_flash_attention_rules_follow_keras():
+    with pytest.raises(ValueError, match="Dropout is not supported"):
+        MultiHeadAttention(num_heads=2, dropout=0.1, flash_attention=True)
+    layer = MultiHeadAttention(num_heads=2, flash_attention=True)
+    with pytest.raises(ValueError, match="Returning attention scores is not supported"):
+        layer(randn(2, 4, 8), return_attention_scores=True)
+    keras.config.disable_flash_attention()
+    try:
+        assert MultiHeadAttention(num_heads=2)._flash_attention is False
+    finally:
+        keras.config.enable_flash_attention()
+
+
+def test_compute_output_spec_for_cross_attention_and_functional_models():
+    layer = MultiHeadAttention(num_heads=2, output_shape=(3, 2))
+    q, v = keras.Input((5, 8)), keras.Input((7, 6))
+    y, scores = layer(q, v, return_attention_scores=True)
+    assert tuple(y.shape) == (None, 5, 3, 2)
+    assert tuple(scores.shape) == (None, 2, 5, 7)  # (B, h, T, S), S from the value
+    model = keras.Model([q, v], [y, scores])
+    out = model([randn(2, 5, 8), randn(2, 7, 6)])
+    assert tuple(out[0].shape) == (2, 5, 3, 2) and tuple(out[1].shape) == (2, 2, 5, 7)
+
+
+# -------------------------------------------------------- the override point
+def test_compute_attention_is_the_override_point():
+    seen = []
+
+    class Cached(MultiHeadAttention):  # keras-hub's signature
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None):
+            seen.append((tuple(query.shape), attention_mask is None))
+            out, scores = super()._compute_attention(query, key, value, attention_mask, training)
+            return out * 2.0, scores
+
+    x = randn(2, 5, 8)
+    plain = MultiHeadAttention(num_heads=2, use_bias=False)
+    sub = Cached(num_heads=2, use_bias=False)
+    plain(x)
+    sub(x)
+    sub.set_weights(plain.get_weights())
+    assert_close(sub(x, use_causal_mask=True), 2.0 * npy(plain(x, use_causal_mask=True)))
+    assert seen[-1] == ((2, 5, 2, 4), False)  # projected heads, the causal mask built
+    sub.implementation = "per_head"
+    with pytest.raises(ValueError, match="needs implementation='fused'"):
+        sub(x)
+
+
+# ------------------------------------------- quantization, LoRA, dtype maps
+@IMPLS
+@pytest.mark.parametrize("mode", ["int8", "int4", "float8"])
+def test_quantized_layer_stays_close_to_float(mode, implementation):
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((6, 16))
+    layer = MultiHeadAttention(num_heads=4, implementation=implementation, name="mha")
+    model = keras.Model(inputs, layer(inputs))
+    x = randn(4, 6, 16)
+    want = npy(model(x))
+    if mode == "int8":
+        layer.quantize(mode)  # the layer itself, or model.quantize below
+    else:
+        model.quantize(mode)
+    assert layer.query_dense.quantization_mode == mode
+    if mode == "int8":
+        assert keras.backend.standardize_dtype(layer.query_kernel.dtype) == "int8"
+        with pytest.raises(ValueError, match="needs float weights"):
+            layer.head_weights(0)
+    got = npy(model(x))
+    # Keras's own quantization tests check mse < 1e-2 on a weaker layer; the
+    # output here has std ~0.6: int8/float8 error ~1%, int4 ~10% of it.
+    rel = np.sqrt(np.mean((got - want) ** 2)) / np.std(want)
+    assert rel < {"int8": 0.05, "float8": 0.1, "int4": 0.3}[mode], rel
+
+
+def test_lora_and_dtype_policy_map_reach_the_projections():
+    layer = MultiHeadAttention(num_heads=2, name="mha")
+    x = randn(2, 4, 8)
+    want = npy(layer(x))
+    layer.enable_lora(2)
+    assert layer.query_dense.lora_enabled and layer.value_dense.lora_enabled
+    # LoRA A, B for query/key/value, their biases, W^O and its bias; the
+    # frozen q/k/v kernels are no longer trainable.
+    assert len(layer.trainable_weights) == 2 * 3 + 3 + 2
+    assert_close(layer(x), want)  # LoRA starts at zero
+    assert layer.head_weights(0)["query_kernel"].shape == (8, 4)
+    policy_map = keras.dtype_policies.DTypePolicyMap()
+    policy_map["mha/query"] = keras.dtype_policies.QuantizedDTypePolicy("int8", "float32")
+    quantized = MultiHeadAttention(num_heads=2, dtype=policy_map, name="mha")
+    quantized.build((None, 4, 8))
+    assert keras.backend.standardize_dtype(quantized.query_kernel.dtype) == "int8"
+    assert keras.backend.standardize_dtype(quantized.key_kernel.dtype) == "float32"
+
+
+# ------------------------------------------------------ from_keras, to_keras
+CONFIGS = [
+    {"num_heads": 2, "key_dim": 3},
+    {"num_heads": 3, "key_dim": 4, "value_dim": 5, "use_bias": False},
+    {"num_heads": 2, "key_dim": 4, "output_shape": (3, 2)},
+    {"num_heads": 2, "key_dim": 4, "use_gate": True},
+    {"num_heads": 2, "key_dim": 4, "sliding_window": 2},
+    {"num_heads": 2, "key_dim": 4, "attention_axes": (2,)},
+    {"num_heads": 2, "key_dim": 4, "use_gate": True, "sliding_window": 3, "output_shape": 5},
+]
+
+
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items())
+)
+def test_from_keras_and_to_keras_for_every_configuration(config):
+    rank4 = "attention_axes" in config
+    q = randn(2, 3, 4, 8) if rank4 else randn(2, 4, 8)
+    v = randn(2, 3, 6, 8, seed=1) if rank4 else randn(2, 6, 8, seed=1)
+    for implementation in ("fused", "per_head"):
+        ref, ours = keras_and_ours(implementation, call_args=(q, v), **config)
+        want = ref(q, v, return_attention_scores=True)
+        got = ours(q, v, return_attention_scores=True)
+        assert_close(got[0], want[0])
+        assert_close(got[1], want[1])
+        back = ours.to_keras()
+        assert_close(back(q, v, return_attention_scores=True)[0], want[0])
+        assert back.get_config()["use_gate"] == config.get("use_gate", False)

@@ -1,0 +1,168 @@
+"""manifest.json through keras_mha_edge.manifest, and docs/artifacts.md against the code."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from edge_bundle import REPO, example_manifest
+
+from keras_mha_edge.attention import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from keras_mha_edge.bundle import select_modes
+from keras_mha_edge.command import UsageError
+from keras_mha_edge.entries import ModelEntry, Signature
+from keras_mha_edge.manifest import MODES, Manifest
+from keras_mha_edge.parity import DEFAULT_THRESHOLDS
+from keras_mha_edge.tensors import TensorSpec
+from keras_mha_edge.vocab import Vocab
+
+DOCS = REPO / "docs" / "artifacts.md"
+
+
+def doc_examples() -> dict[str, object]:
+    """The JSON blocks of docs/artifacts.md marked `<!-- example: NAME -->`."""
+    text = DOCS.read_text()
+    found = re.findall(r"<!-- example: (\w+) -->\s*```json\n(.*?)```", text, re.S)
+    return {name: json.loads(block) for name, block in found}
+
+
+def test_docs_examples_are_what_the_code_reads_and_writes():
+    examples = doc_examples()
+    assert set(examples) == {"manifest", "vocab", "thresholds", "attention_thresholds"}
+    manifest = Manifest.from_json(examples["manifest"], "docs/artifacts.md")
+    # Written back, the example is unchanged: the doc lists exactly the writer's fields.
+    assert manifest.to_json() == examples["manifest"]
+    assert manifest.verified == examples["manifest"]["verified"]
+    vocab = Vocab.from_json(examples["vocab"], "docs/artifacts.md")
+    assert vocab.to_json() == examples["vocab"]
+    assert {m: t.to_json() for m, t in DEFAULT_THRESHOLDS.items()} == examples["thresholds"]
+    assert set(examples["thresholds"]) == set(MODES)
+    attention = {m: t.to_json() for m, t in ATTENTION_THRESHOLDS.items()}
+    assert attention == examples["attention_thresholds"]
+    entry = manifest.models["int8"]
+    assert entry.attention.signature in entry.signatures
+    assert manifest.attention.samples <= manifest.eval.samples
+
+
+def test_example_manifest_round_trips():
+    manifest = example_manifest()
+    again = Manifest.from_json(json.loads(json.dumps(manifest.to_json())))
+    assert again == manifest
+    int8 = again.models["int8"]
+    assert int8.input.scale == 0.0039 and int8.input.zero_point == -128
+    assert int8.thresholds == DEFAULT_THRESHOLDS["int8"]
+    assert again.models["float32"].input.scale is None
+    assert again.eval.x_shape == (360, 8, 8) and again.dataset == "digits"
+    assert again.vocab is None and again.verified == ["float32", "int8"]
+
+
+def test_signatures_round_trip_for_more_entry_points():
+    weights = TensorSpec("attention_0", (1, 2, 8, 8), "float32")
+    manifest = example_manifest()
+    entry = manifest.models["float32"]
+    signature = Signature(inputs={"inputs": entry.input}, outputs={"layer_0": weights})
+    models = {
+        **manifest.models,
+        "float32": ModelEntry(**{**entry.__dict__, "signatures": {"attention": signature}}),
+    }
+    data = json.loads(json.dumps(Manifest(**{**manifest.__dict__, "models": models}).to_json()))
+    assert data["models"]["float32"]["signatures"]["attention"]["outputs"]["layer_0"]["shape"] == [
+        1,
+        2,
+        8,
+        8,
+    ]
+    assert Manifest.from_json(data).models["float32"].signatures == {"attention": signature}
+    data["models"]["float32"]["signatures"]["attention"]["outputs"]["layer_0"]["dtype"] = "int4"
+    with pytest.raises(
+        UsageError, match="signatures.attention.outputs.layer_0.dtype' must be one of"
+    ):
+        Manifest.from_json(data)
+
+
+def _drop(path: str):
+    def edit(m):
+        *parents, last = path.split(".")
+        for key in parents:
+            m = m[key]
+        del m[last]
+
+    return edit
+
+
+def _set(path: str, value):
+    def edit(m):
+        *parents, last = path.split(".")
+        for key in parents:
+            m = m[key]
+        m[last] = value
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (_drop("format"), "missing field 'format'"),
+        (_set("format", "other"), "field 'format' is 'other'"),
+        (_set("format_version", 2), "format_version' is 2"),
+        (_drop("eval"), "missing field 'eval'"),
+        (_drop("eval.sha256"), "missing field 'eval.sha256'"),
+        (_set("eval.samples", "360"), "'eval.samples' must be an integer"),
+        (_set("eval.x_shape", [100, 8, 8]), "eval.x_shape' starts with 100"),
+        (_drop("labels"), "missing field 'labels'"),
+        (_drop("vocab"), "missing field 'vocab'"),
+        (_set("models", {}), "field 'models' is empty"),
+        (_drop("models.int8.sha256"), "missing field 'models.int8.sha256'"),
+        (_set("models.int8.sha256", "xyz"), "64 lowercase hex"),
+        (_set("models.int8.bytes", 0), "'models.int8.bytes' must be an integer >= 1"),
+        (_set("models.int8.file", "../model.tflite"), "must name a file inside the bundle"),
+        (_drop("models.int8.thresholds"), "missing field 'models.int8.thresholds'"),
+        (_set("models.int8.thresholds", {"min_acc": 0.9}), "unknown key 'min_acc'"),
+        (_set("models.int8.input.shape", [8, 8, 8]), "input.shape' must be [1, 8, 8]"),
+        (_set("models.int8.output.shape", [1, 9]), "output.shape' must be [1, 10]"),
+        (_set("models.int8.input.dtype", "int4"), "input.dtype' must be one of"),
+        (_set("models.int8.input.zero_point", None), "must both be null or both be set"),
+        (_set("models.float32.input.scale", 0.5), "must both be null or both be set"),
+        (_set("models.int8.input.scale", -1.0), "input.scale' must be positive"),
+        (_set("models.int8.runtimes", {"ai-edge-litert": "yes"}), "must map runtime names"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_from_json_refuses(edit, message):
+    data = example_manifest().to_json()
+    edit(data)
+    with pytest.raises(UsageError) as info:
+        Manifest.from_json(data, "manifest.json")
+    assert message in str(info.value)
+    assert str(info.value).startswith("manifest.json: ")
+
+
+def test_from_json_refuses_a_list():
+    with pytest.raises(UsageError, match="expected a JSON object, got list"):
+        Manifest.from_json([], "manifest.json")
+
+
+def test_read_and_write_through_the_bundle_directory(tmp_path):
+    path = example_manifest().write(tmp_path)
+    assert path == tmp_path / "manifest.json"
+    assert Manifest.read(tmp_path) == example_manifest()
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "real.json").write_text(json.dumps(example_manifest().to_json()))
+    (tmp_path / "manifest.json").symlink_to(tmp_path / "real.json")
+    with pytest.raises(UsageError, match="manifest.json: is a symbolic link"):
+        Manifest.read(tmp_path)
+
+
+def test_select_modes_order_subset_and_unknown():
+    manifest = example_manifest()
+    assert select_modes(manifest, "all") == ("float32", "int8")
+    assert select_modes(manifest, "int8, float32") == ("float32", "int8")
+    assert select_modes(manifest, "int8") == ("int8",)
+    with pytest.raises(UsageError, match="'int4' is not a known mode"):
+        select_modes(manifest, "int8,int4")
+    with pytest.raises(UsageError, match="'float16' is not in this bundle"):
+        select_modes(manifest, "float16")
+    with pytest.raises(UsageError, match="no mode given"):
+        select_modes(manifest, ",")

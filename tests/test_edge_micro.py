@@ -1,0 +1,199 @@
+"""TFLite Micro and the deploy files, wired into export, the manifest and the edge demo.
+
+The bundle is the session's digits bundle (edge_fixtures), exported with
+every mode; `keras-mha-export` ran TFLM itself (tflite-micro is in .venv).
+The device side runs as on a microcontroller's host: a copy of edge_demo/
+alone in the TensorFlow-free .venv-edge-micro (tests/test_micro.py's venv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from edge_bundle import edge_python, one_error_line, run_main
+from test_micro import micro_python
+
+from keras_mha_edge.app import main
+from keras_mha_edge.bundle import open_bundle
+from keras_mha_edge.deployed import runtime_content, runtime_entry
+from keras_mha_edge.files import sha256_file
+from keras_mha_edge.runtime import EdgeModel, select_runtime
+
+pytest_plugins = ["edge_fixtures"]
+
+# What TFLM's kernels run (docs/field_notes.md): float32 and the integer modes;
+# float16 weights need DEQUANTIZE from float16, which TFLM lacks. `dynamic` of
+# this small model is the float32 graph (no weight has 1024 elements), so it runs.
+TFLM_RUNS = {"float32": True, "dynamic": True, "float16": False, "int8": True, "int16x8": True}
+
+
+def _device(app_dir, python, *argv, **kwargs):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    return subprocess.run(
+        [str(python), "-m", "edge_demo", *map(str, argv)],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def manifest(digits_bundle) -> dict:
+    return json.loads((digits_bundle / "manifest.json").read_text())
+
+
+def test_manifest_records_tflm_from_its_own_run(manifest):
+    """runtimes["tflite-micro"] is what TFLM did at export: ran and met thresholds, or why not."""
+    for mode, entry in manifest["models"].items():
+        micro = entry["micro"]
+        assert entry["runtimes"]["tflite-micro"] is TFLM_RUNS[mode], (mode, micro)
+        assert entry["runtimes"]["ai-edge-litert"] is True
+        if TFLM_RUNS[mode]:
+            assert micro["flash_bytes"] == entry["deploy"]["bytes"]
+            # The digits model is ~3 K parameters: its arena is tens of KB, not MB.
+            assert 1024 < micro["reported_arena_bytes"] <= micro["arena_bytes"] < 256 * 1024
+            assert 0 < micro["weight_bytes"] < micro["flash_bytes"]
+            assert micro["named_flash_bytes"] == entry["bytes"]
+            # true = TFLM met the mode's thresholds (all ask >= 0.995 agreement or closer)
+            assert micro["agreement"] >= 0.995
+            assert "tflite-micro" in entry["deploy"]["verified_with"]
+            assert "reason" not in micro
+        else:
+            reason = micro["reason"]
+            assert "\n" not in reason and "DEQUANTIZE" in reason, reason
+            assert entry["deploy"]["verified_with"] == ["ai-edge-litert"]
+
+
+def test_deploy_files_are_smaller_and_bit_identical_on_litert(digits_bundle, manifest):
+    """Same raw outputs (every eval sample) from the deploy file as from the named model."""
+    bundle = open_bundle(digits_bundle)
+    litert = select_runtime("litert")
+
+    class Micro:  # what deployed.py keys on: the runtime's name
+        name = "tflite-micro"
+
+    for mode, entry in manifest["models"].items():
+        deploy = entry["deploy"]
+        path = digits_bundle / deploy["file"]
+        assert sha256_file(path) == deploy["sha256"] and path.stat().st_size == deploy["bytes"]
+        assert deploy["bytes"] < entry["bytes"] - 4096, mode  # names and the view subgraph
+        raw = []
+        for content in (bundle.model_bytes[mode], runtime_content(bundle, mode, Micro)):
+            model = EdgeModel(litert, content)
+            raw.append(model.run(model.prepare(bundle.eval.x))[0])
+        assert raw[0].dtype == raw[1].dtype and np.array_equal(raw[0], raw[1]), mode
+        stripped = runtime_entry(bundle.manifest.models[mode], Micro)
+        assert stripped.input.name == "" and stripped.signatures == {}
+
+
+def test_demo_on_tflm_passes_what_it_runs_and_skips_the_rest(digits_bundle, app_dir, tmp_path):
+    """`--runtime tflite-micro` in its TensorFlow-free venv from a copied edge_demo/."""
+    report = tmp_path / "micro.json"
+    done = _device(
+        app_dir, micro_python(), digits_bundle, "--runtime", "tflite-micro", "--json", report
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "tflite-micro" in done.stdout and "Traceback" not in done.stderr
+    modes = json.loads(report.read_text())["modes"]
+    for mode, result in modes.items():
+        if TFLM_RUNS[mode]:
+            assert result["passed"] is True, (mode, result)
+            assert result["samples"] == 360
+        else:
+            assert result["skipped"] is True and "DEQUANTIZE" in result["reason"], result
+            assert f"{mode}: skipped: " in done.stdout
+
+
+def test_tflm_parity_is_litert_parity_within_a_few_samples(digits_bundle, app_dir, tmp_path):
+    """TFLM's reference kernels and XNNPACK round integer ops differently: a top-1
+    flip or two on 360 digits (tests/test_micro.py), never more than 1 %."""
+    figures = {}
+    for runtime, python in (("tflite-micro", micro_python()), ("litert", edge_python("litert"))):
+        report = tmp_path / f"{runtime}.json"
+        done = _device(
+            app_dir,
+            python,
+            digits_bundle,
+            "--runtime",
+            runtime,
+            "--quant",
+            "int8,float32",
+            "--json",
+            report,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        figures[runtime] = json.loads(report.read_text())["modes"]
+    for mode in ("int8", "float32"):
+        a, b = figures["tflite-micro"][mode], figures["litert"][mode]
+        assert (
+            abs(a["accuracy"] - b["accuracy"]) <= 0.01
+            and abs(a["agreement"] - b["agreement"]) <= 0.01
+        )
+
+
+def test_tflm_without_a_deploy_file_is_bad_input(bundle_copy, app_dir):
+    data = json.loads((bundle_copy / "manifest.json").read_text())
+    del data["models"]["int8"]["deploy"]
+    (bundle_copy / "manifest.json").write_text(json.dumps(data))
+    done = _device(
+        app_dir, micro_python(), bundle_copy, "--runtime", "tflite-micro", "--quant", "int8"
+    )
+    assert done.returncode == 2
+    one_error_line(done.stderr, "keras-mha-edge", "models.int8.deploy is missing")
+
+
+# --- --debug MODE --------------------------------------------------------------
+
+
+def test_debug_int8_prints_the_table_in_process(digits_bundle):
+    status, out, err = run_main(main, [digits_bundle, "--debug", "int8"])
+    assert status == 0, err
+    lines = out.splitlines()
+    assert "int8 against float32 on all 360 eval samples" in lines[0] and "heads 2" in lines[0]
+    assert lines[1].split()[:3] == ["tensor", "op", "head"]
+    rows = [ln for ln in lines[3:] if not ln.startswith("...")]
+    assert len(rows) == 30 and lines[-1].startswith("... ")
+    errors = [float(r.split()[-3]) for r in rows]
+    assert errors == sorted(errors, reverse=True) and errors[0] > 0  # worst first
+    assert any(r.split()[2] == "1" for r in rows)  # per-head rows of a (1, 2, 8, 8) tensor
+
+
+def test_debug_one_sample_in_the_edge_venv(digits_bundle, app_dir):
+    done = _device(
+        app_dir, edge_python("litert"), digits_bundle, "--debug", "int16x8", "--sample", 3
+    )
+    assert done.returncode == 0, done.stderr
+    assert "int16x8 against float32 on eval sample 3" in done.stdout
+    assert "SOFTMAX" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--debug", "int9"], "mode 'int9' is not in this bundle"),
+        (["--debug", "int8", "--sample", "360"], "--sample: 360 is out of range"),
+        (["--debug", "int8", "--text", "hi"], "--debug cannot be combined with --text"),
+        (["--debug", "int8", "--json", "x.json"], "--debug cannot be combined with --json"),
+        (["--debug", "int8", "--runtime", "tflite-micro"], "the debugger runs on ai-edge-litert"),
+    ],
+)
+def test_debug_bad_use_is_exit_2_in_one_line(digits_bundle, argv, fragment):
+    status, _, err = run_main(main, [digits_bundle, *argv])
+    assert status == 2
+    one_error_line(err, "keras-mha-edge", fragment)
+
+
+def test_debug_needs_the_float32_model(bundle_copy):
+    data = json.loads((bundle_copy / "manifest.json").read_text())
+    del data["models"]["float32"]
+    (bundle_copy / "manifest.json").write_text(json.dumps(data))
+    status, _, err = run_main(main, [bundle_copy, "--debug", "int8"])
+    assert status == 2
+    one_error_line(err, "keras-mha-edge", "needs the bundle's float32 model")
