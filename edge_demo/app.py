@@ -180,6 +180,8 @@ def _check_request(bundle: Bundle, options: DemoOptions) -> None:
         check_writable(options.json_path, "--json")
     if options.view is not None:
         check_view_path(options.view)
+        if options.runtime == "tflite-micro":  # it runs deploy files: no attention signature
+            raise UsageError("needs the attention signature; use --runtime litert", "--view")
 
 
 def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]:

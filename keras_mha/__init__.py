@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os as _os
+import sys as _sys
 
 # Before anything imports TensorFlow: its C++ start-up logs go to stderr.
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -43,3 +44,7 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(__all__)
+
+
+if "keras" in _sys.modules:  # Keras is loaded already: register the layers now
+    importlib.import_module("keras_mha.layers")

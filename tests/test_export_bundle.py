@@ -143,6 +143,7 @@ def test_manifest_checksums_sizes_and_copies(exported):
     assert sorted(p.name for p in out.iterdir()) == sorted(
         ["manifest.json", "eval.npz", "labels.json", "attention.npz"]
         + [f"model_{m}.tflite" for m in MODES]
+        + [f"model_{m}.deploy.tflite" for m in MODES]
     )
     assert manifest["attention"]["sha256"] == sha256(out / "attention.npz")
     for entry in manifest["models"].values():
