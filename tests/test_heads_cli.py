@@ -44,6 +44,8 @@ def test_cli_importance_curve_prune_plot(digits_run, tmp_path):
     out = tmp_path / "pruned"
     assert main(["prune", str(run), "--fraction", "0.5", "--out", str(out)]) == 0
     pruned_run = read_run(out)  # the one reader accepts the pruned run
+    # the source's importance bars, with the removed heads marked
+    assert (out / "heads" / "importance_removed.png").stat().st_size > 1000
     metrics = pruned_run.metrics
     assert metrics["pruning"]["heads_after"] == [n_heads - 1]
     assert pruned_run.config.heads_per_layer() == [n_heads - 1]  # the stored config is the new one

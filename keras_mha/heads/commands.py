@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import pathlib
 
 import numpy as np
@@ -188,7 +189,19 @@ def cmd_prune(args: argparse.Namespace) -> int:
             pruned, metrics, config, ev.with_probs(probs), run.calibration, run.labels, run.vocab
         )
     _print_pruning(pruning, args, drop)
+    _plot_removed(args.run_dir, args.out, removed)
     return 0
+
+
+def _plot_removed(run_dir: str, out: str, removed) -> None:
+    """The source run's importance bars with the removed heads marked, into OUT/heads/."""
+    source = pathlib.Path(run_dir) / HEADS_DIR / "importance.json"
+    if not source.is_file():
+        return
+    result = json.loads(source.read_text())
+    path = pathlib.Path(out) / HEADS_DIR / "importance_removed.png"
+    plotting.plot_importance(result["heads"], result["split"], path, {tuple(p) for p in removed})
+    print(f"wrote {path}")
 
 
 def _print_pruning(p: dict, args: argparse.Namespace, drop: dict) -> None:

@@ -30,13 +30,31 @@ def save_png(fig, path: pathlib.Path) -> None:
         pyplot().close(fig)
 
 
-def plot_importance(rows: list[dict], split: str, path: pathlib.Path) -> None:
+def plot_importance(
+    rows: list[dict], split: str, path: pathlib.Path, removed: set | None = None
+) -> None:
+    """Importance bars, one per head; with `removed`, the heads pruning took out in red."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(max(4, 0.5 * len(rows)), 3))
-    ax.bar(range(len(rows)), [r["importance"] for r in rows], color="tab:blue")
+    removed = removed or set()
+    fig, ax = plt.subplots(figsize=(max(4.5, 0.55 * len(rows)), 3.2))
+    colors = ["tab:red" if (r["layer"], r["head"]) in removed else "tab:blue" for r in rows]
+    ax.bar(range(len(rows)), [r["importance"] for r in rows], color=colors)
     ax.set_xticks(range(len(rows)), [f"L{r['layer']}H{r['head']}" for r in rows], rotation=90)
-    ax.set_ylabel("importance (L2-normalised per layer)")
-    ax.set_title(f"Head importance, E|dL/d xi_h| on the {split} split")
+    ax.set_xlabel("head (L = layer, H = head)")
+    ax.set_ylabel("importance\n(loss change when the head\nis turned down; per layer, L2 = 1)")
+    ax.set_title(f"Head importance E|dL/d xi_h| on the {split} split", fontsize=10)
+    if removed:
+        from matplotlib.patches import Patch
+
+        ax.legend(
+            handles=[
+                Patch(color="tab:red", label="removed by prune"),
+                Patch(color="tab:blue", label="kept"),
+            ],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
     save_png(fig, path)
 
 
