@@ -23,6 +23,8 @@ import pytest
 
 from keras_mha_edge.view import ViewData, page_data, render_html, write_html
 
+pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
+
 WORDS = "the model didn't work with the laptop because it was too complex for the small team today".split()
 CHROMIUM_FLAGS = (
     "--headless",
@@ -297,3 +299,27 @@ def test_text_page_opens_on_the_pronoun_and_says_it_was_truncated(browser, tmp_p
     browser.find_element(By.CSS_SELECTOR, '#head-toggles .head-toggle[data-head="2"]').click()
     heads = {line["head"] for line in _lines(browser)}
     assert heads == {0, 1, 3}  # head 2 hidden
+
+
+@pytest.mark.slow
+def test_device_and_keras_pages_render(browser, digits_bundle, digits_run, tmp_path):
+    """The page as the two commands write it: from the device's int8 model, and from Keras."""
+    from keras_mha.heads.cli import main as heads_main
+    from keras_mha_edge.app import main as edge_main
+
+    device, keras_page = tmp_path / "device.html", tmp_path / "keras.html"
+    assert edge_main([str(digits_bundle), "--sample", "3", "--view", str(device)]) == 0
+    assert heads_main(["view", str(digits_run), "--sample", "3", "--out", str(keras_page)]) == 0
+    pages = {}
+    # the device page has the float reference beside it, so a parity panel too
+    for page, panels in ((device, 4), (keras_page, 3)):
+        data = pages[page.stem] = embedded(page.read_text(encoding="utf-8"))
+        _open(browser, page)
+        image = _screenshot(browser, tmp_path / f"{page.stem}.png")
+        assert image.std() > 20, f"{page.name}: the screenshot is blank"
+        assert _panels_in(image) == panels, page.name
+        _check_lines(browser, data, layer=0, query=0)
+    assert pages["device"]["mode"] == "int8" and pages["keras"]["mode"] == "keras"
+    # The device page's reference is the Keras model's attention (4 decimals in each page).
+    for ref, keras_layer in zip(pages["device"]["reference"], pages["keras"]["device"]):
+        np.testing.assert_allclose(np.array(ref), np.array(keras_layer), atol=2e-4)
