@@ -120,7 +120,7 @@ def plot_sample(
                 ax.axis("off")
                 continue
             a = layer_scores[head][:length, :length]
-            ax.imshow(a, cmap="viridis", vmin=0, vmax=1)
+            image_of_map = ax.imshow(a, cmap="viridis", vmin=0, vmax=1)
             ax.set_title(f"layer {layer} head {head}", fontsize=8)
             ax.set_xticks(range(length), tokens, rotation=90, fontsize=6)
             ax.set_yticks(range(length), tokens, fontsize=6)
@@ -136,5 +136,11 @@ def plot_sample(
             ax.set_xticks(range(length), tokens, rotation=90, fontsize=6)
             ax.set_title(f"layer {layer}: row of '{tokens[pronoun_index]}'", fontsize=8)
             ax.legend(fontsize=6)
+    fig.colorbar(
+        image_of_map,
+        ax=axes,
+        shrink=0.6,
+        label="attention weight (0 to 1; rows: query, columns: key)",
+    )
     save_png(fig, path)
     return rows
