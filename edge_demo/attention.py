@@ -97,23 +97,9 @@ class AttentionThresholds:
 
     @classmethod
     def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionThresholds:
-        raw = fields.obj(data, key, prefix)
-        prefix = f"{prefix}{key}."
         known = [f.name for f in dataclasses.fields(cls)]
-        for name in raw:
-            if name not in known:
-                raise fields.fail(
-                    prefix[:-1], f"has unknown key {name!r} (known: {', '.join(known)})"
-                )
-        return cls(
-            fields.number(raw, "min_argmax_agreement", prefix),
-            fields.number(raw, "argmax_tie", prefix),
-            **{
-                name: fields.number(raw, name, prefix)
-                for name in ("max_abs_diff", "max_mean_abs_diff")
-                if raw.get(name) is not None
-            },
-        )
+        required = ("min_argmax_agreement", "argmax_tie")
+        return cls(**fields.numbers(data, key, known, prefix, required))
 
     def failures(self, parity: AttentionParity) -> list[str]:
         """The thresholds `parity` misses, one line each; NaN misses every one."""
@@ -145,17 +131,22 @@ class AttentionThresholds:
 
 # Bounds per mode (docs/artifacts.md says why). A softmax output quantized to
 # int8 has the fixed quantum 1/256; the integer bounds count those quanta,
-# with a margin of 3x or more over what the digits and pronouns models measure.
-# int8 bounds no max |Δ|: a query whose two best keys are nearly tied in the
-# float model can flip to the other one, moving up to all of its weight (0.67
-# measured on pronouns), so int8 bounds the mean and the agreement instead.
+# with a margin of 3x or more over the worst of 13 models measured (the
+# default digits and pronouns models, the tests' digits model for 11 seeds).
+# int8 bounds no max |Δ|. Its first block stays within 0.11 (digits and
+# pronouns), but the second block of the pronouns model reaches 0.67, on rows
+# the float model puts 0.98 on one key: the int8 error gathered through the
+# first block moves those scores by up to 6 (logits), and keeping the
+# LayerNorm ops in float does not help (0.62). A max bound that passes would
+# allow most of a row, so int8 bounds the mean and the agreement instead
+# (docs/artifacts.md).
 QUANTUM = 1 / 256
 DEFAULT_THRESHOLDS: dict[str, AttentionThresholds] = {
     "float32": AttentionThresholds(1.0, 2e-5, max_abs_diff=1e-5),
     "float16": AttentionThresholds(1.0, 2e-2, max_abs_diff=1e-2),
     "dynamic": AttentionThresholds(0.98, QUANTUM, 64 * QUANTUM, 2 * QUANTUM),
     "int8": AttentionThresholds(0.8, QUANTUM, None, 4 * QUANTUM),
-    "int16x8": AttentionThresholds(0.99, QUANTUM, 8 * QUANTUM, 1 * QUANTUM),
+    "int16x8": AttentionThresholds(0.99, QUANTUM, 24 * QUANTUM, 1 * QUANTUM),
 }
 
 

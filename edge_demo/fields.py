@@ -62,6 +62,27 @@ class Fields:
             raise self.fail(prefix + key, f"must be a finite number, got {value!r}")
         return float(value)
 
+    def numbers(
+        self, data: dict, key: str, known: list[str], prefix: str = "", required: tuple = ()
+    ) -> dict[str, float]:
+        """`data[key]`: an object of finite numbers named in `known` (`required` ones present).
+
+        A null is an error, like any other non-number. Used by the thresholds
+        of both checks.
+        """
+        raw = self.obj(data, key, prefix)
+        if not raw:
+            raise self.fail(prefix + key, "is empty")
+        for name in raw:
+            if name not in known:
+                raise self.fail(
+                    prefix + key, f"has unknown key {name!r} (known: {', '.join(known)})"
+                )
+        inner = f"{prefix}{key}."
+        return {
+            name: self.number(raw, name, inner) for name in known if name in required or name in raw
+        }
+
     def shape(self, data: dict, key: str, prefix: str = "") -> tuple[int, ...]:
         value = self.get(data, key, prefix)
         if (

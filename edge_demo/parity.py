@@ -5,6 +5,11 @@
 misses. Export's verification and the device's run call exactly these, so a
 mode export calls verified passes on the device by construction. A NaN (or
 infinite) output makes every figure NaN, and NaN misses every threshold.
+
+`default_thresholds(mode, samples)` is what export writes into each entry:
+float32 and float16 bound every probability; the quantized modes may change
+at most 1 % of the float model's top-1 predictions, judged with the
+statistics of the eval set's size (`changes_allowed`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import numpy as np
 
 from .fields import Fields
 
-_EPS = 1e-9  # slack when comparing ratios of sample counts: 199/200 meets 0.995
+_EPS = 1e-9  # slack when comparing ratios of sample counts: 351/360 meets 0.975
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +80,7 @@ class Thresholds:
 
     @classmethod
     def from_json(cls, fields: Fields, data: dict, key: str, prefix: str = "") -> Thresholds:
-        raw = fields.obj(data, key, prefix)
-        if not raw:
-            raise fields.fail(prefix + key, "is empty")
-        known = [f.name for f in dataclasses.fields(cls)]
-        for name in raw:
-            if name not in known:
-                raise fields.fail(
-                    prefix + key, f"has unknown key {name!r} (known: {', '.join(known)})"
-                )
-        return cls(**{name: fields.number(raw, name, f"{prefix}{key}.") for name in raw})
+        return cls(**fields.numbers(data, key, [f.name for f in dataclasses.fields(cls)], prefix))
 
     def failures(self, parity: Parity, float_accuracy: float) -> list[str]:
         """The thresholds `parity` misses, one readable line each; NaN misses every one."""
@@ -103,7 +99,7 @@ class Thresholds:
         return found
 
     def describe(self) -> str:
-        """A short table cell: `agree≥0.995, drop≤0.005`."""
+        """A short table cell: `agree≥0.975, drop≤0.025`."""
         parts = []
         if self.max_abs_diff is not None:
             parts.append(f"|Δp|≤{self.max_abs_diff:.0e}")
@@ -114,12 +110,69 @@ class Thresholds:
         return ", ".join(parts)
 
 
-_QUANTIZED = Thresholds(min_agreement=0.995, max_accuracy_drop=0.005)
 # What export writes into each mode's `thresholds` (docs/artifacts.md).
-DEFAULT_THRESHOLDS: dict[str, Thresholds] = {
+# The float modes are bounded elementwise; the quantized modes by how many of
+# the float model's top-1 predictions they change (`quantized_thresholds`).
+FLOAT_THRESHOLDS: dict[str, Thresholds] = {
     "float32": Thresholds(max_abs_diff=1e-5),
     "float16": Thresholds(max_abs_diff=1e-2),
-    "dynamic": _QUANTIZED,
-    "int8": _QUANTIZED,
-    "int16x8": _QUANTIZED,
 }
+QUANTIZED_MODES = ("dynamic", "int8", "int16x8")
+# A quantized mode may change at most 1 % of the float model's predictions:
+# MLPerf Inference's quality target for a quantized model is 99 % of the
+# float model's accuracy. eval.npz holds a few hundred samples, too few to
+# tell a 0.3 % rate from a 1 % one, so the check fails a mode only when it
+# changes more predictions than a 1 % rate gives by chance in 99 of 100 runs.
+CHANGE_RATE = 0.01
+FALSE_ALARM = 0.01
+
+
+def changes_allowed(
+    samples: int, rate: float = CHANGE_RATE, false_alarm: float = FALSE_ALARM
+) -> int:
+    """The smallest k with P(Binomial(samples, rate) > k) <= false_alarm.
+
+    A mode changing `rate` of all predictions changes more than k of
+    `samples` with probability at most `false_alarm`. 360 samples: k = 9.
+    """
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1, got {samples}")
+    if not 0 < rate < 1 or not 0 < false_alarm < 1:
+        raise ValueError(f"rate and false_alarm must be in (0, 1), got {rate}, {false_alarm}")
+    log_p, log_q = math.log(rate), math.log1p(-rate)
+    cumulative = 0.0
+    for k in range(samples + 1):  # pmf in log space: no overflow for large `samples`
+        log_pmf = (
+            math.lgamma(samples + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(samples - k + 1)
+            + k * log_p
+            + (samples - k) * log_q
+        )
+        cumulative += math.exp(log_pmf)
+        if cumulative >= 1 - false_alarm:
+            return k
+    return samples
+
+
+def quantized_thresholds(samples: int) -> Thresholds:
+    """At most `changes_allowed(samples)` changed predictions, and no larger accuracy drop.
+
+    A drop of d in accuracy takes at least d * samples changed predictions,
+    so both bounds count the same allowance. 360 samples: agreement >= 0.975,
+    drop <= 0.025.
+    """
+    allowed = changes_allowed(samples)
+    return Thresholds(
+        min_agreement=(samples - allowed) / samples,
+        max_accuracy_drop=allowed / samples,
+    )
+
+
+def default_thresholds(mode: str, samples: int) -> Thresholds:
+    """The thresholds export writes for `mode` verified on `samples` eval samples."""
+    if mode in FLOAT_THRESHOLDS:
+        return FLOAT_THRESHOLDS[mode]
+    if mode in QUANTIZED_MODES:
+        return quantized_thresholds(samples)
+    raise ValueError(f"unknown mode {mode!r}")

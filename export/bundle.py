@@ -216,7 +216,12 @@ def export_bundle(
             write_attention_saved_model(loaded.model, view_model)
             for mode in selected:
                 entry, found = convert_mode(
-                    saved_model, mode, loaded.calibration, staging, view_model
+                    saved_model,
+                    mode,
+                    loaded.calibration,
+                    staging,
+                    view_model,
+                    eval_samples=int(loaded.eval.x.shape[0]),
                 )
                 if entry is None:
                     failed[mode] = ModeFailure("convert", tuple(found))

@@ -19,7 +19,7 @@ from keras_mha_edge.attention import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
 from keras_mha_edge.attention import AttentionCheck
 from keras_mha_edge.bundle import add_file
 from keras_mha_edge.entries import ModeFailure, ModelEntry, Signature
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS
+from keras_mha_edge.parity import default_thresholds
 from keras_mha_edge.score import ModeResult
 from keras_mha_edge.tensors import TensorSpec
 
@@ -32,8 +32,13 @@ def convert_mode(
     calibration: np.ndarray,
     staging: pathlib.Path,
     attention_saved_model: pathlib.Path | None = None,
+    *,
+    eval_samples: int,
 ) -> tuple[ModelEntry | None, list[str]]:
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
+
+    The entry's thresholds are the mode's defaults for `eval_samples`
+    (`keras_mha_edge.parity.default_thresholds`).
 
     With `attention_saved_model` the model also has the attention signature
     (`convert.VIEW_SIGNATURE`), described in the entry's `signatures` and
@@ -88,7 +93,7 @@ def convert_mode(
         bytes=len(model),
         input=spec(graph.inputs[0]),
         output=spec(graph.outputs[0]),
-        thresholds=DEFAULT_THRESHOLDS[mode],
+        thresholds=default_thresholds(mode, eval_samples),
         runtimes={"tflite-runtime": tflite_runtime_214_can_load(graph)},
         ops=op_histogram(graph),
         signatures=signatures,

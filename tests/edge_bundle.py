@@ -31,7 +31,7 @@ import pytest
 from keras_mha_edge.entries import ModelEntry
 from keras_mha_edge.files import sha256_file
 from keras_mha_edge.manifest import EvalSpec, FileRef, Manifest
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS, Parity
+from keras_mha_edge.parity import Parity, default_thresholds
 from keras_mha_edge.tensors import TensorSpec
 from keras_mha_edge.vocab import Vocab
 
@@ -139,7 +139,7 @@ def example_manifest() -> Manifest:
             bytes=24000,
             input=TensorSpec("in", (1, 8, 8), dtype, scale, zero_point),
             output=TensorSpec("out", (1, 10), dtype, scale, zero_point),
-            thresholds=DEFAULT_THRESHOLDS[mode],
+            thresholds=default_thresholds(mode, 360),
             runtimes={"ai-edge-litert": True, "tflite-runtime": True},
             verified=True,
             parity=Parity(accuracy=0.98, agreement=1.0, max_abs_diff=0.08, mean_abs_diff=0.004),

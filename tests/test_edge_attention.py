@@ -19,8 +19,10 @@ from edge_bundle import edge_python, edit_manifest, match_file, one_error_line, 
 
 from keras_mha_edge import attention
 from keras_mha_edge.app import main
+from keras_mha_edge.attention import DEFAULT_THRESHOLDS, AttentionThresholds
 from keras_mha_edge.bundle import open_bundle
 from keras_mha_edge.command import UsageError
+from keras_mha_edge.fields import Fields
 from keras_mha_edge.runtime import EdgeModel, select_runtime
 from keras_mha_edge.score import run_mode
 
@@ -301,3 +303,31 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
     assert "n/a" in table.splitlines()[2] and "int8: attention n/a:" in table
     entry, failure = judge(bundle.manifest.models["int8"], [], result, runtime.name)
     assert not entry.verified and "attention not verified" in failure.reasons[0]
+
+
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ({"argmax_tie": 0.004}, "missing field 'm.attention.thresholds.min_argmax_agreement'"),
+        ({"min_argmax_agreement": 0.8, "argmax_tie": 0.004, "max": 1}, "unknown key 'max'"),
+        (
+            {"min_argmax_agreement": 0.8, "argmax_tie": 0.004, "max_abs_diff": None},
+            "'m.attention.thresholds.max_abs_diff' must be a finite number, got None",
+        ),
+        ({}, "field 'm.attention.thresholds' is empty"),
+    ],
+)
+def test_attention_thresholds_refuse_bad_json(raw, message):
+    with pytest.raises(UsageError) as info:
+        AttentionThresholds.from_json(
+            Fields("manifest.json"), {"thresholds": raw}, "thresholds", "m.attention."
+        )
+    assert message in str(info.value)
+
+
+def test_attention_thresholds_read_what_they_write():
+    for mode, thresholds in DEFAULT_THRESHOLDS.items():
+        again = AttentionThresholds.from_json(
+            Fields("manifest.json"), {"t": thresholds.to_json()}, "t", ""
+        )
+        assert again == thresholds, mode

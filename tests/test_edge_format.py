@@ -11,7 +11,15 @@ import pytest
 from keras_mha_edge.arrays import check_eval, check_inputs
 from keras_mha_edge.command import UsageError
 from keras_mha_edge.files import inside, read_inside, tflite_problem, write_json_atomic
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS, Parity, Thresholds, measure
+from keras_mha_edge.manifest import MODES
+from keras_mha_edge.parity import (
+    Parity,
+    Thresholds,
+    changes_allowed,
+    default_thresholds,
+    measure,
+    quantized_thresholds,
+)
 from keras_mha_edge.tensors import TensorSpec
 
 
@@ -92,24 +100,68 @@ def test_measure_figures_and_nan_outputs():
 
 
 def test_thresholds_pass_fail_and_nan():
-    quantized = DEFAULT_THRESHOLDS["int8"]
-    assert quantized.failures(Parity(0.975, 0.997, 0.1, 0.01), float_accuracy=0.978) == []
-    failures = quantized.failures(Parity(0.96, 0.99, 0.1, 0.01), float_accuracy=0.978)
-    assert len(failures) == 2 and "agreement 0.9900 < 0.9950" in failures[0]
+    quantized = default_thresholds("int8", 360)  # at most 9 of 360 predictions changed
+    assert quantized.failures(Parity(0.975, 351 / 360, 0.1, 0.01), float_accuracy=0.978) == []
+    failures = quantized.failures(Parity(0.95, 350 / 360, 0.1, 0.01), float_accuracy=0.978)
+    assert len(failures) == 2 and "agreement 0.9722 < 0.9750" in failures[0]
+    assert "0.0280 below the float 0.9780 (> 0.0250)" in failures[1]
     float32 = Thresholds(max_abs_diff=1e-5)
     assert float32.failures(Parity(1, 1, 5e-6, 0), 1) == []
     assert float32.failures(Parity(1, 1, 2e-5, 0), 1) != []
     nan = Parity(math.nan, math.nan, math.nan, math.nan)
-    for thresholds in DEFAULT_THRESHOLDS.values():  # NaN fails every mode's thresholds
-        assert thresholds.failures(nan, 0.9), thresholds
+    for mode in MODES:  # NaN fails every mode's thresholds
+        assert default_thresholds(mode, 360).failures(nan, 0.9), mode
     # 359/360 agreement is exactly the kind of ratio that must not fail on rounding
     assert Thresholds(min_agreement=359 / 360).failures(Parity(1, 359 / 360, 0, 0), 1) == []
 
 
+def _binomial_tail(n: int, p: float, k: int) -> float:
+    """P(Binomial(n, p) > k), summed directly (independent of the code under test)."""
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1, n + 1))
+
+
+@pytest.mark.parametrize("samples", [1, 10, 100, 360, 500])
+def test_changes_allowed_is_the_binomial_99th_percentile(samples):
+    k = changes_allowed(samples)
+    assert _binomial_tail(samples, 0.01, k) <= 0.01
+    if k > 0:  # and the smallest such count
+        assert _binomial_tail(samples, 0.01, k - 1) > 0.01
+
+
+def test_quantized_thresholds_scale_with_the_eval_set():
+    assert [changes_allowed(n) for n in (1, 10, 100, 360, 1500)] == [0, 1, 4, 9, 25]
+    assert quantized_thresholds(360) == Thresholds(min_agreement=0.975, max_accuracy_drop=0.025)
+    # More samples resolve the 1 % rate better: the floor climbs towards 0.99.
+    floors = [quantized_thresholds(n).min_agreement for n in (100, 360, 1500, 10_000, 200_000)]
+    assert floors == sorted(floors) and 0.96 <= floors[0] and floors[-1] < 0.99
+    assert 0.989 < floors[-1]  # no overflow for a large eval set
+    for mode in ("dynamic", "int8", "int16x8"):
+        assert default_thresholds(mode, 360) == quantized_thresholds(360)
+    assert default_thresholds("float16", 360) == Thresholds(max_abs_diff=1e-2)
+    with pytest.raises(ValueError, match="unknown mode 'int4'"):
+        default_thresholds("int4", 360)
+    with pytest.raises(ValueError, match="samples must be at least 1"):
+        changes_allowed(0)
+
+
+def test_nine_changed_digits_pass_and_ten_fail():
+    """Through `measure`: 360 samples, the float model right on all of them."""
+    y = np.arange(360) % 10
+    reference = np.eye(10)[y]
+    for changed, passes in ((9, True), (10, False)):
+        probs = reference.copy()
+        probs[:changed] = np.roll(probs[:changed], 1, axis=-1)
+        parity = measure(probs, y, reference)
+        assert parity.agreement == pytest.approx(1 - changed / 360)
+        failures = default_thresholds("int8", 360).failures(parity, float_accuracy=1.0)
+        assert (failures == []) is passes, failures
+
+
 def test_thresholds_json_round_trip_and_description():
-    for thresholds in DEFAULT_THRESHOLDS.values():
+    for mode in MODES:
+        thresholds = default_thresholds(mode, 360)
         assert Thresholds(**thresholds.to_json()) == thresholds
-    assert DEFAULT_THRESHOLDS["int8"].describe() == "agree≥0.995, drop≤0.005"
+    assert default_thresholds("int8", 360).describe() == "agree≥0.975, drop≤0.025"
     assert Parity(1.0, 1.0, math.nan, 0.0).to_json()["max_abs_diff"] is None
 
 

@@ -13,7 +13,7 @@ from keras_mha_edge.bundle import select_modes
 from keras_mha_edge.command import UsageError
 from keras_mha_edge.entries import ModelEntry, Signature
 from keras_mha_edge.manifest import MODES, Manifest
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS
+from keras_mha_edge.parity import default_thresholds
 from keras_mha_edge.tensors import TensorSpec
 from keras_mha_edge.vocab import Vocab
 
@@ -36,7 +36,10 @@ def test_docs_examples_are_what_the_code_reads_and_writes():
     assert manifest.verified == examples["manifest"]["verified"]
     vocab = Vocab.from_json(examples["vocab"], "docs/artifacts.md")
     assert vocab.to_json() == examples["vocab"]
-    assert {m: t.to_json() for m, t in DEFAULT_THRESHOLDS.items()} == examples["thresholds"]
+    samples = examples["manifest"]["eval"]["samples"]  # the doc's 360 digits
+    thresholds = {m: default_thresholds(m, samples).to_json() for m in MODES}
+    assert thresholds == examples["thresholds"]
+    assert manifest.models["int8"].thresholds == default_thresholds("int8", samples)
     assert set(examples["thresholds"]) == set(MODES)
     attention = {m: t.to_json() for m, t in ATTENTION_THRESHOLDS.items()}
     assert attention == examples["attention_thresholds"]
@@ -51,7 +54,7 @@ def test_example_manifest_round_trips():
     assert again == manifest
     int8 = again.models["int8"]
     assert int8.input.scale == 0.0039 and int8.input.zero_point == -128
-    assert int8.thresholds == DEFAULT_THRESHOLDS["int8"]
+    assert int8.thresholds == default_thresholds("int8", 360)
     assert again.models["float32"].input.scale is None
     assert again.eval.x_shape == (360, 8, 8) and again.dataset == "digits"
     assert again.vocab is None and again.verified == ["float32", "int8"]
@@ -120,6 +123,11 @@ def _set(path: str, value):
         (_set("models.int8.file", "../model.tflite"), "must name a file inside the bundle"),
         (_drop("models.int8.thresholds"), "missing field 'models.int8.thresholds'"),
         (_set("models.int8.thresholds", {"min_acc": 0.9}), "unknown key 'min_acc'"),
+        (_set("models.int8.thresholds", {}), "field 'models.int8.thresholds' is empty"),
+        (
+            _set("models.int8.thresholds", {"min_agreement": None}),  # null is not "unchecked"
+            "'models.int8.thresholds.min_agreement' must be a finite number, got None",
+        ),
         (_set("models.int8.input.shape", [8, 8, 8]), "input.shape' must be [1, 8, 8]"),
         (_set("models.int8.output.shape", [1, 9]), "output.shape' must be [1, 10]"),
         (_set("models.int8.input.dtype", "int4"), "input.dtype' must be one of"),

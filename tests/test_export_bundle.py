@@ -16,12 +16,11 @@ from export_checks import NOISE, TFLITE_RUNTIME_PYTHON, litert_outputs, sha256, 
 
 from keras_mha_edge.bundle import open_bundle
 from keras_mha_edge.manifest import MODES
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS
+from keras_mha_edge.parity import default_thresholds
 from keras_mha_edge.runtime import select_runtime
 from keras_mha_edge.score import run_mode
 from keras_mha_export.graph import read_graph
 
-THRESHOLDS = {mode: t.to_json() for mode, t in DEFAULT_THRESHOLDS.items()}
 FLOATS = {"float16", "float32", "float64"}
 
 
@@ -57,18 +56,19 @@ def test_mode_converts_and_meets_its_thresholds(exported, mode):
     manifest = exported["manifest"]
     entry = manifest["models"][mode]
     assert entry["verified"] is True and entry["failures"] == []
-    assert entry["thresholds"] == THRESHOLDS[mode]
+    expected = default_thresholds(mode, manifest["eval"]["samples"]).to_json()
+    assert entry["thresholds"] == expected
     # Re-run the file with LiteRT here and compare with the float model.
     evaluation = np.load(exported["run"] / "eval.npz")
     probs, inp, out = litert_outputs(exported["out"] / entry["file"], evaluation["x"])
     ref = evaluation["probs"]
     agreement = (probs.argmax(-1) == ref.argmax(-1)).mean()
     accuracy = (probs.argmax(-1) == evaluation["y"]).mean()
-    if "max_abs_diff" in THRESHOLDS[mode]:
-        assert np.abs(probs - ref).max() <= THRESHOLDS[mode]["max_abs_diff"]
-    else:
-        assert agreement >= 0.995
-        assert manifest["eval"]["float_accuracy"] - accuracy <= 0.005 + 1e-9
+    if "max_abs_diff" in expected:
+        assert np.abs(probs - ref).max() <= expected["max_abs_diff"]
+    else:  # at most 9 of the 360 predictions changed (docs/artifacts.md)
+        assert agreement >= expected["min_agreement"] - 1e-9
+        assert manifest["eval"]["float_accuracy"] - accuracy <= expected["max_accuracy_drop"] + 1e-9
     assert entry["parity"]["agreement"] == pytest.approx(agreement)
     assert entry["parity"]["accuracy"] == pytest.approx(accuracy)
     assert entry["parity"]["max_abs_diff"] == pytest.approx(np.abs(probs - ref).max(), abs=1e-6)

@@ -100,7 +100,9 @@ def test_token_model_exports_float32_and_integer_int8(token_files, tmp_path):
     assert manifest["source_model"]["file"] == "classifier.keras"
     evaluation = np.load(token_files / "eval.npz")
     probs, _, _ = litert_outputs(out / "model_int8.tflite", evaluation["x"])
-    assert (probs.argmax(-1) == evaluation["probs"].argmax(-1)).mean() >= 0.995
+    agreement = (probs.argmax(-1) == evaluation["probs"].argmax(-1)).mean()
+    assert agreement >= manifest["models"]["int8"]["thresholds"]["min_agreement"] - 1e-9
+    assert agreement == pytest.approx(manifest["models"]["int8"]["parity"]["agreement"])
     if TFLITE_RUNTIME_PYTHON.exists():
         loads = tflite_runtime_loads([out / "model_float32.tflite", out / "model_int8.tflite"])
         for mode in ("float32", "int8"):

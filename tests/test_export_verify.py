@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from export_checks import leftovers, run_cli
 
-from keras_mha_edge.parity import DEFAULT_THRESHOLDS, Thresholds
+from keras_mha_edge.parity import FLOAT_THRESHOLDS, Thresholds
 from keras_mha_edge.runtime import Runtime, select_runtime
 
 
@@ -42,7 +42,7 @@ def test_converter_errors_become_one_line(digits_run, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_parity_failure_exits_1_and_writes_nothing(digits_run, tmp_path, monkeypatch):
-    monkeypatch.setitem(DEFAULT_THRESHOLDS, "float32", Thresholds(max_abs_diff=-1.0))
+    monkeypatch.setitem(FLOAT_THRESHOLDS, "float32", Thresholds(max_abs_diff=-1.0))
     out = tmp_path / "bundle"
     status, stdout, stderr = run_cli([str(digits_run), "--out", str(out), "--quant", "float32"])
     assert status == 1
@@ -53,7 +53,7 @@ def test_parity_failure_exits_1_and_writes_nothing(digits_run, tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_allow_parity_failure_keeps_the_model_unverified(digits_run, tmp_path, monkeypatch):
-    monkeypatch.setitem(DEFAULT_THRESHOLDS, "float32", Thresholds(max_abs_diff=-1.0))
+    monkeypatch.setitem(FLOAT_THRESHOLDS, "float32", Thresholds(max_abs_diff=-1.0))
     out = tmp_path / "bundle"
     out.mkdir()
     (out / "stale.txt").write_text("from an older export")

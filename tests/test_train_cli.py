@@ -17,7 +17,7 @@ from run_checks import (
     run_module,
 )
 
-from keras_mha.train.cli import main
+from keras_mha.train.cli import main, progress_verbosity
 
 PROG = "keras-mha-train"
 TINY = ["--d-model", "8", "--num-heads", "2", "--ff-dim", "8", "--quiet"]
@@ -117,13 +117,31 @@ def test_training_stderr_has_no_tensorflow_logs(tmp_path):
     """TF_CPP_MIN_LOG_LEVEL=3 is set before TensorFlow loads: no banner, no E0000 lines."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     done = run_module(
-        "keras_mha.train", ["--epochs", "1", *TINY, "--out", str(tmp_path / "r")], env=env
+        "keras_mha.train",
+        ["--epochs", "1", *TINY[:-1], "--out", str(tmp_path / "r")],  # without --quiet
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     found = [
         line[:120] for line in done.stderr.splitlines() if any(m in line for m in TF_LOG_MARKERS)
     ]
     assert not found, found
+    # stdout is a pipe here, as in a log: one line per epoch, no progress bar
+    epoch_lines = [line for line in done.stdout.splitlines() if " - loss: " in line]
+    assert len(epoch_lines) == 1 and epoch_lines[0].startswith("102/102 - "), done.stdout
+    assert "━" not in done.stdout and "\r" not in done.stdout and "\b" not in done.stdout
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path):
+    class Terminal:
+        def isatty(self):
+            return True
+
+    with open(tmp_path / "log", "w") as log:
+        assert progress_verbosity(False, log) == 2  # a file: a line per epoch
+    assert progress_verbosity(False, Terminal()) == 1
+    assert progress_verbosity(True, Terminal()) == 0
+    assert progress_verbosity(False, object()) == 2  # no isatty at all
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 
 from keras_mha.train.presets import DISTRIBUTE, describe_presets
 from keras_mha_edge.command import (
@@ -77,8 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing run directory"
     )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress output (default: a progress bar on a terminal, one line per epoch "
+        "otherwise, as in a log)",
+    )
     return parser
+
+
+def progress_verbosity(quiet: bool, stream) -> int:
+    """Keras `fit` verbosity: 0 quiet, 1 a progress bar (a terminal), 2 a line per epoch."""
+    if quiet:
+        return 0
+    isatty = getattr(stream, "isatty", None)
+    return 1 if isatty is not None and isatty() else 2
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -94,7 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         distribute=args.distribute,
         overwrite=args.overwrite,
-        verbose=0 if args.quiet else 1,
+        verbose=progress_verbosity(args.quiet, sys.stdout),
         batch_size=args.batch_size,
         learning_rate=args.learning_rate,
         patience=args.patience,

@@ -41,7 +41,7 @@ def train(
             (`tf.distribute.MirroredStrategy` over every GPU, or every
             logical CPU device when there is no GPU).
         overwrite: Replace an existing run directory.
-        verbose: Keras `fit` verbosity (1: progress bar, 0: quiet).
+        verbose: Keras `fit` verbosity (0 quiet, 1 a progress bar, 2 a line per epoch).
         deterministic: Enable TensorFlow's op determinism for the run, so
             the same seed on the same machine gives the same metrics.
         **model_options: `ModelConfig` fields (d_model, num_heads,
