@@ -202,8 +202,12 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         masks = [query_mask, value_mask, key_mask]
         for i, x in enumerate(tensors):
             if x is not None:
-                masks[i] = masks[i] if masks[i] is not None else _get_keras_mask(x)
-                tensors[i] = ops.cast(x, self.compute_dtype)
+                carried = _get_keras_mask(x)
+                masks[i] = masks[i] if masks[i] is not None else carried
+                x = ops.cast(x, self.compute_dtype)
+                # A copy without the mask (used here, as in `call`), leaving the
+                # caller's tensor as it was: the projections would warn of it.
+                tensors[i] = ops.copy(x) if _get_keras_mask(x) is not None else x
         query, value, key, masks = self._inputs(*tensors, *masks)
         concat, _ = self._attend(
             query,

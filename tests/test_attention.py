@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import keras
 import numpy as np
@@ -275,6 +276,28 @@ def test_concat_heads_is_what_w_o_multiplies(implementation):
     np.testing.assert_allclose(npy(as_f64), concat, atol=1e-6)
     with pytest.raises(ValueError, match="needs a built layer"):
         MultiHeadAttention(num_heads=2).concat_heads(q)
+
+
+def test_concat_heads_uses_a_carried_mask_quietly_and_leaves_it():
+    """A token model's Embedding(mask_zero=True) output: the mask is used, not warned about."""
+    tokens = np.array([[3, 4, 5, 0, 0], [6, 7, 0, 0, 0]])
+    x = keras.layers.Embedding(10, 8, mask_zero=True)(tokens)
+    carried = getattr(x, "_keras_mask", None)
+    if carried is None:
+        pytest.skip(f"{keras.backend.backend()} tensors carry no Keras mask in eager calls")
+    plain = npy(x)  # no mask attached
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    layer(plain, plain)  # built (a call would take the mask off x, as Keras's layer does)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        concat = npy(layer.concat_heads(x, x))
+    # EinsumDense: "was passed an input with a mask attached to it"
+    assert not [w for w in caught if "mask" in str(w.message)], [str(w.message) for w in caught]
+    assert getattr(x, "_keras_mask", None) is carried  # the caller's tensor is untouched
+    explicit = npy(layer.concat_heads(plain, plain, query_mask=tokens > 0, value_mask=tokens > 0))
+    np.testing.assert_allclose(concat, explicit, atol=1e-6)
+    ignored = npy(layer.concat_heads(plain, plain))  # without the mask, padding is attended
+    assert np.abs(ignored - concat).max() > 1e-3
 
 
 @TF_ONLY  # tf.GradientTape: the backend-neutral check is the SGD step below
