@@ -30,7 +30,7 @@ import numpy as np
 
 from .arrays import read_npz
 from .command import UsageError
-from .fields import Fields
+from .fields import Fields, lenient_figures
 from .files import read_inside
 
 SIGNATURE = "view"  # the models' attention signature (export/convert.py)
@@ -65,12 +65,8 @@ class AttentionParity:
     @classmethod
     def from_json(cls, data: object) -> AttentionParity | None:
         """Lenient, like every figure the device does not rely on."""
-        if not isinstance(data, dict):
-            return None
-        values = [data.get(f.name) for f in dataclasses.fields(cls)]
-        if not all(
-            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values
-        ):
+        values = lenient_figures(data, [f.name for f in dataclasses.fields(cls)])
+        if values is None:
             return None
         *figures, rows = values
         return cls(*(math.nan if v is None else float(v) for v in figures), int(rows or 0))

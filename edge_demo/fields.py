@@ -119,6 +119,19 @@ class Fields:
         return value
 
 
+def lenient_figures(data: object, names: list[str]) -> list[float | None] | None:
+    """Informative figures read leniently: the values of `names` (None where absent
+    or null), or None when `data` is not an object or any of them is not a number."""
+    if not isinstance(data, dict):
+        return None
+    values = [data.get(name) for name in names]
+    if not all(
+        v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values
+    ):
+        return None
+    return values
+
+
 def _names(types: type | tuple[type, ...]) -> str:
     types = types if isinstance(types, tuple) else (types,)
     return " or ".join(t.__name__ for t in types)

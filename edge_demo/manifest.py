@@ -8,7 +8,8 @@ every field it relies on and names the dotted field of anything wrong. The
 document is docs/artifacts.md; tests/test_edge_manifest.py parses its
 examples with this module, so the two cannot drift.
 
-Also here: the modes, their default thresholds and the one threshold check.
+Also here: the modes (`MODES`); their default thresholds and the one threshold
+check are parity.py's.
 """
 
 from __future__ import annotations

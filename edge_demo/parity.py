@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from .fields import Fields
+from .fields import Fields, lenient_figures
 
 _EPS = 1e-9  # slack when comparing ratios of sample counts: 351/360 meets 0.975
 
@@ -39,12 +39,8 @@ class Parity:
     @classmethod
     def from_json(cls, data: object) -> Parity | None:
         """Lenient: figures are informative, so a malformed entry reads as None."""
-        if not isinstance(data, dict):
-            return None
-        values = [data.get(f.name) for f in dataclasses.fields(cls)]
-        if not all(
-            v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values
-        ):
+        values = lenient_figures(data, [f.name for f in dataclasses.fields(cls)])
+        if values is None:
             return None
         return cls(*(math.nan if v is None else float(v) for v in values))
 

@@ -202,8 +202,7 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         masks = [query_mask, value_mask, key_mask]
         for i, x in enumerate(tensors):
             if x is not None:
-                carried = _get_keras_mask(x)
-                masks[i] = masks[i] if masks[i] is not None else carried
+                masks[i] = masks[i] if masks[i] is not None else _get_keras_mask(x)
                 x = ops.cast(x, self.compute_dtype)
                 # A copy without the mask (used here, as in `call`), leaving the
                 # caller's tensor as it was: the projections would warn of it.

@@ -278,3 +278,19 @@ def test_check_eval_and_inputs_accept_what_a_model_writes():
     x[0, 0, 0] = np.inf
     with pytest.raises(UsageError, match="x has 1 NaN or infinite value"):
         check_inputs(x, "calibration.npz")
+
+
+def test_parity_figures_read_leniently():
+    """Figures are informative: a malformed entry reads as None, null as NaN, never a crash."""
+    from keras_mha_edge.attention import AttentionParity
+
+    parity = Parity(0.98, 1.0, math.nan, 0.004)
+    again = Parity.from_json(parity.to_json())
+    assert again.accuracy == 0.98 and again.agreement == 1.0 and math.isnan(again.max_abs_diff)
+    for bad in (None, [0.9], {"accuracy": "0.9"}, {"accuracy": True}):
+        assert Parity.from_json(bad) is None, bad
+    attention = AttentionParity(0.1, 0.004, 0.97, 4096)
+    assert AttentionParity.from_json(attention.to_json()) == attention
+    missing = AttentionParity.from_json({"max_abs_diff": 0.1})
+    assert missing.rows == 0 and math.isnan(missing.argmax_agreement)
+    assert AttentionParity.from_json({"rows": "many"}) is None
