@@ -8,6 +8,10 @@ signature to run and what it must meet (`AttentionCheck`):
 
 - `max_abs_diff`: the largest |device - reference| over every weight of
   every valid query row;
+- `tail_abs_diff` with `max_tail_share`: at most that share of the valid
+  query rows may have any weight off by more than `tail_abs_diff` (int8:
+  1 % of rows beyond 64 quanta), the max |Δ| bound of a mode whose worst
+  rows drift through deeper blocks;
 - `min_argmax_agreement`: the share of valid query rows whose most-attended
   key agrees, where the device's choice agrees when its reference weight is
   within `argmax_tie` of the row's reference maximum (keys the reference
@@ -55,21 +59,30 @@ class AttentionParity:
     mean_abs_diff: float
     argmax_agreement: float
     rows: int = 0  # valid query rows compared (samples x layers x heads x queries)
+    # Share of those rows with a weight off by more than the mode's
+    # `tail_abs_diff` (NaN when the mode has none).
+    tail_share: float = math.nan
 
     def to_json(self) -> dict:
-        return {
+        """Non-finite figures as null; `tail_share` only where it was counted."""
+        data = {
             k: (v if not isinstance(v, float) or math.isfinite(v) else None)
             for k, v in dataclasses.asdict(self).items()
         }
+        if data["tail_share"] is None:
+            del data["tail_share"]
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> AttentionParity | None:
         """Lenient, like every figure the device does not rely on."""
-        values = lenient_figures(data, [f.name for f in dataclasses.fields(cls)])
+        names = [f.name for f in dataclasses.fields(cls)]
+        values = lenient_figures(data, names)
         if values is None:
             return None
-        *figures, rows = values
-        return cls(*(math.nan if v is None else float(v) for v in figures), int(rows or 0))
+        read = {n: math.nan if v is None else float(v) for n, v in zip(names, values, strict=True)}
+        rows = read.pop("rows")
+        return cls(**read, rows=0 if math.isnan(rows) else int(rows))
 
 
 NAN_PARITY = AttentionParity(math.nan, math.nan, math.nan)
@@ -80,13 +93,17 @@ class AttentionThresholds:
     """What a mode's attention must meet; a None bound is not checked.
 
     `argmax_tie`: how close to the reference's row maximum the device's
-    most-attended key must be to count as agreeing.
+    most-attended key must be to count as agreeing. `tail_abs_diff` and
+    `max_tail_share` come together: at most `max_tail_share` of the rows
+    may have a weight off by more than `tail_abs_diff`.
     """
 
     min_argmax_agreement: float
     argmax_tie: float
     max_abs_diff: float | None = None
     max_mean_abs_diff: float | None = None
+    tail_abs_diff: float | None = None
+    max_tail_share: float | None = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -95,7 +112,12 @@ class AttentionThresholds:
     def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionThresholds:
         known = [f.name for f in dataclasses.fields(cls)]
         required = ("min_argmax_agreement", "argmax_tie")
-        return cls(**fields.numbers(data, key, known, prefix, required))
+        values = fields.numbers(data, key, known, prefix, required)
+        tail = [name for name in ("tail_abs_diff", "max_tail_share") if name in values]
+        if len(tail) == 1:
+            other = ({"tail_abs_diff", "max_tail_share"} - set(tail)).pop()
+            raise fields.fail(f"{prefix}{key}", f"has {tail[0]} without {other}")
+        return cls(**values)
 
     def failures(self, parity: AttentionParity) -> list[str]:
         """The thresholds `parity` misses, one line each; NaN misses every one."""
@@ -107,6 +129,13 @@ class AttentionThresholds:
         ):
             found.append(
                 f"attention mean |Δ| {parity.mean_abs_diff:.3g} > {self.max_mean_abs_diff:.3g}"
+            )
+        if self.max_tail_share is not None and not (
+            parity.tail_share <= self.max_tail_share + _EPS
+        ):
+            found.append(
+                f"attention rows with |Δ| > {self.tail_abs_diff:.3g}: "
+                f"{100 * parity.tail_share:.3g} % > {100 * self.max_tail_share:.3g} %"
             )
         if not parity.argmax_agreement >= self.min_argmax_agreement - _EPS:
             found.append(
@@ -121,6 +150,8 @@ class AttentionThresholds:
             parts.append(f"attn|Δ|≤{self.max_abs_diff:.2g}")
         if self.max_mean_abs_diff is not None:
             parts.append(f"attn mean|Δ|≤{self.max_mean_abs_diff:.2g}")
+        if self.max_tail_share is not None:
+            parts.append(f"attn rows|Δ|>{self.tail_abs_diff:.2g}≤{100 * self.max_tail_share:g}%")
         parts.append(f"attn agree≥{self.min_argmax_agreement:g}")
         return ", ".join(parts)
 
@@ -129,19 +160,20 @@ class AttentionThresholds:
 # int8 has the fixed quantum 1/256; the integer bounds count those quanta,
 # with a margin of 3x or more over the worst of 13 models measured (the
 # default digits and pronouns models, the tests' digits model for 11 seeds).
-# int8 bounds no max |Δ|. Its first block stays within 0.12 (13 models
-# measured), but the second block of the pronouns model reaches 0.67, on rows
-# the float model puts 0.98 on one key: the int8 error gathered through the
-# first block moves those scores by up to 6 (logits), and keeping the
-# LayerNorm ops in float does not help (0.62). A max bound that passes would
-# allow most of a row, so int8 bounds the mean and the agreement instead
-# (docs/artifacts.md).
+# int8's max |Δ| is a tail bound: at most 1 % of rows beyond 64 quanta (the
+# dynamic mode's max), as at most 1 % of predictions may change. Its first
+# block stays within 0.12 on all 13 models, but the pronouns model's second
+# block reaches 0.67 on a few rows the float model puts 0.98 on one key: the
+# int8 error gathered through the first block moves those scores by up to 6
+# (logits). 0.12 % of its rows pass 64 quanta, 8x under the 1 % allowed; the
+# other 12 models have none (docs/artifacts.md).
 QUANTUM = 1 / 256
+TAIL_SHARE = 0.01
 DEFAULT_THRESHOLDS: dict[str, AttentionThresholds] = {
     "float32": AttentionThresholds(1.0, 2e-5, max_abs_diff=1e-5),
     "float16": AttentionThresholds(1.0, 2e-2, max_abs_diff=1e-2),
     "dynamic": AttentionThresholds(0.98, QUANTUM, 64 * QUANTUM, 2 * QUANTUM),
-    "int8": AttentionThresholds(0.8, QUANTUM, None, 4 * QUANTUM),
+    "int8": AttentionThresholds(0.8, QUANTUM, None, 4 * QUANTUM, 64 * QUANTUM, TAIL_SHARE),
     "int16x8": AttentionThresholds(0.99, QUANTUM, 24 * QUANTUM, 1 * QUANTUM),
 }
 
@@ -248,15 +280,17 @@ def measure(
     reference: list[np.ndarray],
     valid: np.ndarray | None,
     tie: float,
+    tail: float | None = None,
 ) -> AttentionParity:
     """Figures of the device's `(N, h, T, S)` per layer against the reference's.
 
-    `valid (N, T)`: the query rows to compare (None = all). A NaN anywhere
-    makes every figure NaN.
+    `valid (N, T)`: the query rows to compare (None = all); `tail`: the |Δ|
+    whose share of rows `tail_share` counts (None: not counted). A NaN
+    anywhere makes every figure NaN.
     """
     if len(device) != len(reference):
         raise ValueError(f"{len(device)} device layers vs {len(reference)} reference layers")
-    worst, total, count, agree, rows = 0.0, 0.0, 0, 0, 0
+    worst, total, count, agree, rows, over = 0.0, 0.0, 0, 0, 0, 0
     for d, r in zip(device, reference, strict=True):
         d, r = np.asarray(d, np.float64), np.asarray(r, np.float64)
         if d.shape != r.shape:
@@ -268,10 +302,13 @@ def measure(
             keep = np.broadcast_to(np.asarray(valid, bool)[:, None, : d.shape[2]], d.shape[:3])
         diff = np.abs(d - r)[keep]  # (rows, S)
         worst = max(worst, float(diff.max(initial=0.0)))
+        if tail is not None:
+            over += int((diff.max(-1, initial=0.0) > tail).sum())
         total, count = total + float(diff.sum()), count + diff.size
         chosen = np.take_along_axis(r, d.argmax(-1)[..., None], -1)[..., 0]
         agree += int((chosen >= r.max(-1) - tie)[keep].sum())
         rows += int(keep.sum())
     if rows == 0:
         return NAN_PARITY
-    return AttentionParity(worst, total / count, agree / rows, rows)
+    tail_share = math.nan if tail is None else over / rows
+    return AttentionParity(worst, total / count, agree / rows, rows, tail_share)

@@ -99,10 +99,11 @@ class Thresholds:
         parts = []
         if self.max_abs_diff is not None:
             parts.append(f"|Δp|≤{self.max_abs_diff:.0e}")
+        # Four significant digits: 1,500 samples allow 25 changes, 0.983333.
         if self.min_agreement is not None:
-            parts.append(f"agree≥{self.min_agreement:g}")
+            parts.append(f"agree≥{self.min_agreement:.4g}")
         if self.max_accuracy_drop is not None:
-            parts.append(f"drop≤{self.max_accuracy_drop:g}")
+            parts.append(f"drop≤{self.max_accuracy_drop:.4g}")
         return ", ".join(parts)
 
 

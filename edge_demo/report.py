@@ -35,23 +35,29 @@ def format_table(headers: list[str], rows: list[list[str]], right: set[int] | No
 
 
 def attention_cells(r: ModeResult) -> list[str]:
-    """The attention columns: max |Δ| and agreement, "n/a" where the runtime cannot run it."""
+    """The attention columns: max |Δ|, the share of rows beyond the tail bound
+    (int8's), agreement; "n/a" where the runtime cannot run it."""
     if r.attention_status == "n/a":
-        return ["n/a", "n/a"]
-    return [_fmt(r.attention_max_abs_diff, ".2e"), _fmt(r.attention_agreement, ".4f")]
+        return ["n/a", "n/a", "n/a"]
+    tail = r.attention_tail_share
+    return [
+        _fmt(r.attention_max_abs_diff, ".2e"),
+        "-" if not math.isfinite(tail) else f"{100 * tail:.2f}%",
+        _fmt(r.attention_agreement, ".4f"),
+    ]
 
 
 def parity_table(results: list[ModeResult]) -> str:
     """The per-mode parity table, then one line per skip or failure."""
     headers = [
         "mode", "result", "accuracy", "agreement", "max|Δp|", "mean|Δp|",
-        "attn max|Δ|", "attn agree",
+        "attn max|Δ|", "attn tail", "attn agree",
         "p50 µs", "p90 µs", "p99 µs", "load ms", "peak MB", "size KB", "thresholds",
     ]  # fmt: skip
     rows, notes = [], []
     for r in results:
         if r.status == "skipped":
-            rows.append([r.mode, "SKIP", *["-"] * 12, ""])
+            rows.append([r.mode, "SKIP", *["-"] * 13, ""])
             notes.append(f"{r.mode}: skipped: {r.reason}")
             continue
         rows.append(
@@ -77,7 +83,7 @@ def parity_table(results: list[ModeResult]) -> str:
         notes.extend(f"{r.mode}: FAIL: {failure}" for failure in r.failures)
         if r.attention_status == "n/a":
             notes.append(f"{r.mode}: attention n/a: {r.attention_note}")
-    table = format_table(headers, rows, right=set(range(2, 14)))
+    table = format_table(headers, rows, right=set(range(2, 15)))
     return "\n".join([table, *notes])
 
 

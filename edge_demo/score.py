@@ -54,6 +54,7 @@ class ModeResult:
     attention_mean_abs_diff: float = math.nan
     attention_agreement: float = math.nan
     attention_rows: int = 0
+    attention_tail_share: float = math.nan  # rows beyond the mode's tail |Δ| (int8)
     attention_thresholds: AttentionThresholds | None = None
     attention_note: str = ""
 
@@ -68,6 +69,7 @@ class ModeResult:
             self.attention_mean_abs_diff,
             self.attention_agreement,
             self.attention_rows,
+            self.attention_tail_share,
         )
 
     @property
@@ -232,6 +234,7 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
         reference,
         attention.valid_rows(bundle.eval.x[:samples], pad_id),
         check.thresholds.argmax_tie,
+        check.thresholds.tail_abs_diff,
     )
     failures = check.thresholds.failures(parity)
     return {
@@ -241,5 +244,6 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
         "attention_mean_abs_diff": parity.mean_abs_diff,
         "attention_agreement": parity.argmax_agreement,
         "attention_rows": parity.rows,
+        "attention_tail_share": parity.tail_share,
         "failures": failures,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from keras_mha_edge.entries import ModelEntry
 from keras_mha_edge.manifest import Manifest
 
@@ -15,7 +17,8 @@ def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
     attention = ""
     if entry.attention is not None and entry.attention.parity is not None:
         a = entry.attention.parity
-        attention = f"  attn max|Δ| {a.max_abs_diff:.2g} agree {a.argmax_agreement:.4f}"
+        tail = "" if math.isnan(a.tail_share) else f" tail {100 * a.tail_share:.2f} %"
+        attention = f"  attn max|Δ| {a.max_abs_diff:.2g}{tail} agree {a.argmax_agreement:.4f}"
     return (
         f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
         f"agreement {figures.agreement:.4f}  accuracy {figures.accuracy:.4f} "
@@ -23,18 +26,21 @@ def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
     )
 
 
-def _attention_cells(entry) -> tuple[str, str]:
+def _attention_cells(entry) -> tuple[str, str, str]:
+    """attn max|Δ|, the share of rows beyond the tail bound (int8), attn agree."""
     check = getattr(entry, "attention", None)
     if check is None or check.parity is None:
-        return "-", "-"
-    return f"{check.parity.max_abs_diff:.2g}", f"{check.parity.argmax_agreement:.4f}"
+        return "-", "-", "-"
+    a = check.parity
+    tail = "-" if math.isnan(a.tail_share) else f"{100 * a.tail_share:.2f} %"
+    return f"{a.max_abs_diff:.2g}", tail, f"{a.argmax_agreement:.4f}"
 
 
 def summary_table(manifest: Manifest) -> str:
     """Mode, bytes, size vs float32, ops, agreement, accuracy, max |Δ|, attention, verified."""
     header = (
         "mode", "bytes", "vs float32", "ops", "agreement", "accuracy", "max|Δ|",
-        "attn max|Δ|", "attn agree", "verified",
+        "attn max|Δ|", "attn tail", "attn agree", "verified",
     )  # fmt: skip
     rows = [header]
     models, failed = manifest.models, manifest.failed
@@ -44,7 +50,7 @@ def summary_table(manifest: Manifest) -> str:
         entry = models.get(mode) or failed.get(mode)
         figures = None if entry is None else entry.parity
         if entry is None or figures is None:
-            rows.append((mode, *["-"] * 8, "no: " + _why(manifest, mode)))
+            rows.append((mode, *["-"] * 9, "no: " + _why(manifest, mode)))
             continue
         ops = sum(entry.ops.values())
         rows.append(

@@ -8,6 +8,7 @@ runs in its own venv.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -62,6 +63,8 @@ def test_every_mode_carries_verified_attention(fixture, request):
         assert thresholds == attention.DEFAULT_THRESHOLDS[mode]
         assert figures is not None and thresholds.failures(figures) == []
         assert figures.rows > 0
+        # int8's tail was counted (a finite share); the other modes have none.
+        assert math.isfinite(figures.tail_share) == (mode == "int8"), (mode, figures)
 
 
 def test_reference_is_the_keras_models_own_attention(digits_bundle, digits_run):
@@ -125,6 +128,34 @@ def test_integer_agreement_fails_when_keys_are_shifted(bundle_copy):
     assert any("most-attended key agreement" in f for f in result.failures)
 
 
+def _one_hot_at_least_attended(arrays, samples):
+    """The first `samples` samples' reference rows all weight on the key the
+    float model attends to least: |Δ| near 1 on every one of those rows."""
+    out = {}
+    for name, a in arrays.items():
+        a = a.copy()
+        rows = a[:samples]
+        rows[...] = np.eye(a.shape[-1], dtype=a.dtype)[rows.argmin(-1)]
+        out[name] = a
+    return out
+
+
+@pytest.mark.parametrize("samples,fails", [(2, False), (5, True)])
+def test_int8_tail_bound_counts_the_rows_beyond_64_quanta(samples, fails, bundle_copy):
+    """int8's max |Δ| bound: at most 1 % of rows beyond 64 quanta. Rows of
+    2 of 256 samples made to differ (0.78 %) pass, 5 (1.95 %) fail."""
+    _tamper_reference(bundle_copy, lambda a: _one_hot_at_least_attended(a, samples))
+    bundle = open_bundle(bundle_copy, "int8")
+    result = run_mode(bundle, "int8", select_runtime("litert"))
+    share = samples / bundle.attention[0].shape[0]  # every query row of a digit is valid
+    # The untouched rows of the tests' digits model stay within 64 quanta
+    # (its worst weight over 11 seeds: 0.12).
+    assert result.attention_tail_share == pytest.approx(share)
+    tail = [f for f in result.failures if f.startswith("attention rows with |Δ| > 0.25")]
+    assert bool(tail) == fails, result.failures
+    assert result.attention_max_abs_diff > 0.9  # no whole-row bound: only the share counts
+
+
 def test_a_wrong_output_scale_in_the_manifest_is_refused(bundle_copy):
     def edit(m):
         out = m["models"]["int8"]["signatures"]["view"]["outputs"]["attention_0"]
@@ -152,6 +183,25 @@ def test_measure_ignores_padding_rows_and_ties():
         2 / 3
     )
     assert math.isnan(attention.measure([dev * np.nan], [ref], None, 0.0).max_abs_diff)
+    # The tail: valid rows with a weight off by more than `tail`.
+    assert math.isnan(figures.tail_share)
+    assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.01).tail_share == 0.5
+    assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.012).tail_share == 0.0
+    assert attention.measure([dev], [ref], None, 1 / 256, tail=0.01).tail_share == 2 / 3
+
+
+def test_tail_threshold_is_a_share_of_rows():
+    t = AttentionThresholds(0.8, 1 / 256, tail_abs_diff=0.25, max_tail_share=0.01)
+    figures = attention.AttentionParity(0.9, 0.001, 0.95, rows=1000, tail_share=0.01)
+    assert t.failures(figures) == []
+    over = t.failures(dataclasses.replace(figures, tail_share=0.011))
+    assert over == ["attention rows with |Δ| > 0.25: 1.1 % > 1 %"]
+    unknown = t.failures(dataclasses.replace(figures, tail_share=math.nan))
+    assert unknown == ["attention rows with |Δ| > 0.25: nan % > 1 %"]
+    assert "attn rows|Δ|>0.25≤1%" in t.describe()
+    # Figures from before the tail bound read as unknown, not as zero.
+    old = {"max_abs_diff": 0.5, "mean_abs_diff": 0.001, "argmax_agreement": 0.9, "rows": 10}
+    assert math.isnan(attention.AttentionParity.from_json(old).tail_share)
 
 
 @pytest.mark.parametrize("mode", ["int8", "float32"])
@@ -286,8 +336,6 @@ class _NoSignatures:
 
 def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
     """The device: classification as before, attention "n/a" with a note; export: a failure."""
-    import dataclasses
-
     from keras_mha_edge.report import parity_table
     from keras_mha_export.entry import judge
 
@@ -315,6 +363,10 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
             "'m.attention.thresholds.max_abs_diff' must be a finite number, got None",
         ),
         ({}, "field 'm.attention.thresholds' is empty"),
+        (
+            {"min_argmax_agreement": 0.8, "argmax_tie": 0.004, "tail_abs_diff": 0.25},
+            "'m.attention.thresholds' has tail_abs_diff without max_tail_share",
+        ),
     ],
 )
 def test_attention_thresholds_refuse_bad_json(raw, message):

@@ -162,6 +162,8 @@ def test_thresholds_json_round_trip_and_description():
         thresholds = default_thresholds(mode, 360)
         assert Thresholds(**thresholds.to_json()) == thresholds
     assert default_thresholds("int8", 360).describe() == "agree≥0.975, drop≤0.025"
+    # 1,500 pronouns allow 25 changes: 0.983333.. shown to four digits.
+    assert default_thresholds("int8", 1500).describe() == "agree≥0.9833, drop≤0.01667"
     assert Parity(1.0, 1.0, math.nan, 0.0).to_json()["max_abs_diff"] is None
 
 
