@@ -297,6 +297,7 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             + ((("_gate_dense", query),) if self._use_gate else ())
         }
         heads, head_scores = [], []
+        projected = {"_query_dense": [], "_key_dense": [], "_value_dense": [], "_gate_dense": []}
         for i in range(self.num_heads):
             q_i = self._head_projection(
                 self._query_dense, query, i, full["_query_dense"]
@@ -305,6 +306,9 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             v_i = self._head_projection(
                 self._value_dense, value, i, full["_value_dense"]
             )  # V W_i^V
+            projected["_query_dense"].append(q_i)
+            projected["_key_dense"].append(k_i)
+            projected["_value_dense"].append(v_i)
             mask_i = None if mask is None else mask[:, i if mask.shape[1] > 1 else 0]  # [B, T, S]
             head_i, weights_i = self._scaled_dot_product_attention(
                 axes.to_rows(q_i), axes.to_rows(k_i), axes.to_rows(v_i), mask_i, training
@@ -312,12 +316,17 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             head_i = axes.from_rows(head_i, q_i)
             if self._use_gate:  # head_i * sigmoid(Q W_i^G + b_i^G)
                 g_i = self._head_projection(self._gate_dense, query, i, full["_gate_dense"])
-                head_i = head_i * (ops.sigmoid(g_i) if full["_gate_dense"] is None else g_i)
+                g_i = ops.sigmoid(g_i) if full["_gate_dense"] is None else g_i
+                projected["_gate_dense"].append(g_i)
+                head_i = head_i * g_i
             if gate is not None:
                 head_i = head_i * self._head_mask_for(gate, head_i, i)
             heads.append(head_i)
             head_scores.append(weights_i)
         # re-assemble all head outputs side by side: Concat(head_1..head_h)
+        for attr, parts in projected.items():
+            if parts:  # each projection's output, its heads side by side as EinsumDense's
+                self._activity_loss(getattr(self, attr), ops.stack(parts, axis=-2))
         concat = ops.concatenate(heads, axis=-1)  # [B, T, h * d_v]
         scores = axes.unflatten_scores(ops.stack(head_scores, axis=1), query, key)  # [B, h, T, S]
         if not project:
@@ -330,7 +339,20 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             output = ops.reshape(output, tuple(ops.shape(output)[:-1]) + self._d_out)
         if self.use_bias:
             output = output + self._output_dense.bias
+        self._activity_loss(self._output_dense, output)
         return output, scores  # [B, T, d_out], [B, h, T, S]
+
+    @staticmethod
+    def _activity_loss(dense, output):
+        """What calling `dense` would have added: the per-head path computes its
+        output from the kernel, so it adds the sublayer's activity regularizer
+        loss itself, divided by the batch size as Keras's `Layer.__call__`
+        does. A quantized projection was called, and added its own."""
+        regularizer = dense.activity_regularizer
+        if regularizer is None or dense.quantization_mode is not None:
+            return
+        loss = regularizer(output)
+        dense.add_loss(ops.divide_no_nan(loss, ops.cast(ops.shape(output)[0], loss.dtype)))
 
     def _scaled_dot_product_attention(self, q, k, v, mask, training):
         """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one or all heads.

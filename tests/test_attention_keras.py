@@ -196,6 +196,28 @@ def test_use_gate_matches_keras_and_is_stored_per_head(implementation):
 
 
 @IMPLS
+@pytest.mark.parametrize("use_gate", [False, True], ids=["plain", "gated"])
+def test_activity_regularizer_adds_the_losses_keras_adds(use_gate, implementation):
+    """Keras hands `activity_regularizer` to every projection: one loss per
+    EinsumDense, divided by the batch size. The per-head path reads the
+    kernels instead of calling the sublayers and must add the same losses."""
+    q, v = randn(3, 5, 8), randn(3, 7, 8, seed=1)
+    kwargs = dict(num_heads=2, key_dim=4, use_gate=use_gate, activity_regularizer="l2")
+    ref, ours = keras_and_ours(implementation, call_args=(q, v), **kwargs)
+    ref(q, v)
+    ours(q, v)
+    names = ["_query_dense", "_key_dense", "_value_dense", "_output_dense"]
+    names += ["_gate_dense"] if use_gate else []
+    for name in names:
+        want = [float(npy(x)) for x in getattr(ref, name).losses]
+        got = [float(npy(x)) for x in getattr(ours, name).losses]
+        assert len(got) == len(want) == 1, name
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+        assert want[0] > 1e-3  # a real loss, not a zero that any path would match
+    assert len(ours.losses) == len(names)
+
+
+@IMPLS
 @pytest.mark.parametrize("causal", [False, True], ids=["band", "causal-band"])
 def test_sliding_window_matches_keras_with_causal_and_explicit_masks(causal, implementation):
     x = randn(2, 7, 8)
