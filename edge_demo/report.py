@@ -42,7 +42,7 @@ def attention_cells(r: ModeResult) -> list[str]:
     tail = r.attention_tail_share
     return [
         _fmt(r.attention_max_abs_diff, ".2e"),
-        "-" if not math.isfinite(tail) else f"{100 * tail:.2f}%",
+        "-" if not math.isfinite(tail) else f"{100 * tail:.2g}%",
         _fmt(r.attention_agreement, ".4f"),
     ]
 

@@ -324,8 +324,12 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             heads.append(head_i)
             head_scores.append(weights_i)
         # re-assemble all head outputs side by side: Concat(head_1..head_h)
+        # A layer call (not concat_heads, a plain method outside Keras's call
+        # context, where nothing would clear them) adds the projections'
+        # activity losses: each projection's output, its heads side by side
+        # as EinsumDense's.
         for attr, parts in projected.items():
-            if parts:  # each projection's output, its heads side by side as EinsumDense's
+            if project and parts and self._needs_activity_loss(getattr(self, attr)):
                 self._activity_loss(getattr(self, attr), ops.stack(parts, axis=-2))
         concat = ops.concatenate(heads, axis=-1)  # [B, T, h * d_v]
         scores = axes.unflatten_scores(ops.stack(head_scores, axis=1), query, key)  # [B, h, T, S]
@@ -339,19 +343,23 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             output = ops.reshape(output, tuple(ops.shape(output)[:-1]) + self._d_out)
         if self.use_bias:
             output = output + self._output_dense.bias
-        self._activity_loss(self._output_dense, output)
+        if self._needs_activity_loss(self._output_dense):
+            self._activity_loss(self._output_dense, output)
         return output, scores  # [B, T, d_out], [B, h, T, S]
+
+    @staticmethod
+    def _needs_activity_loss(dense) -> bool:
+        """A projection with an activity regularizer that was not called (a
+        quantized one was, and added its own loss)."""
+        return dense.activity_regularizer is not None and dense.quantization_mode is None
 
     @staticmethod
     def _activity_loss(dense, output):
         """What calling `dense` would have added: the per-head path computes its
         output from the kernel, so it adds the sublayer's activity regularizer
         loss itself, divided by the batch size as Keras's `Layer.__call__`
-        does. A quantized projection was called, and added its own."""
-        regularizer = dense.activity_regularizer
-        if regularizer is None or dense.quantization_mode is not None:
-            return
-        loss = regularizer(output)
+        does."""
+        loss = dense.activity_regularizer(output)
         dense.add_loss(ops.divide_no_nan(loss, ops.cast(ops.shape(output)[0], loss.dtype)))
 
     def _scaled_dot_product_attention(self, q, k, v, mask, training):

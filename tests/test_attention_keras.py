@@ -206,6 +206,7 @@ def test_activity_regularizer_adds_the_losses_keras_adds(use_gate, implementatio
     ref, ours = keras_and_ours(implementation, call_args=(q, v), **kwargs)
     ref(q, v)
     ours(q, v)
+    ours(q, v)  # a second call replaces the losses, as Keras's does
     names = ["_query_dense", "_key_dense", "_value_dense", "_output_dense"]
     names += ["_gate_dense"] if use_gate else []
     for name in names:
@@ -214,6 +215,12 @@ def test_activity_regularizer_adds_the_losses_keras_adds(use_gate, implementatio
         assert len(got) == len(want) == 1, name
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
         assert want[0] > 1e-3  # a real loss, not a zero that any path would match
+    assert len(ours.losses) == len(names)
+    for _ in range(3):  # a plain method outside a layer call: no losses pile up
+        ours.concat_heads(q, v)
+    assert len(ours.losses) == len(names)
+    ours.quantize("int8")  # quantized projections are called: each adds its own, once
+    ours(q, v)
     assert len(ours.losses) == len(names)
 
 

@@ -188,6 +188,10 @@ def test_measure_ignores_padding_rows_and_ties():
     assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.01).tail_share == 0.5
     assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.012).tail_share == 0.0
     assert attention.measure([dev], [ref], None, 1 / 256, tail=0.01).tail_share == 2 / 3
+    # Per layer, the worst: a deeper layer's drifting rows are not diluted
+    # by a clean first layer (pooled, this would be 1 of 4).
+    clean = attention.measure([ref, dev], [ref, ref], valid, 1 / 256, tail=0.01)
+    assert clean.tail_share == 0.5 and clean.rows == 4
 
 
 def test_tail_threshold_is_a_share_of_rows():
@@ -195,10 +199,12 @@ def test_tail_threshold_is_a_share_of_rows():
     figures = attention.AttentionParity(0.9, 0.001, 0.95, rows=1000, tail_share=0.01)
     assert t.failures(figures) == []
     over = t.failures(dataclasses.replace(figures, tail_share=0.011))
-    assert over == ["attention rows with |Δ| > 0.25: 1.1 % > 1 %"]
+    assert over == ["attention rows with |Δ| > 0.25 (worst layer): 1.1 % > 1 %"]
     unknown = t.failures(dataclasses.replace(figures, tail_share=math.nan))
-    assert unknown == ["attention rows with |Δ| > 0.25: nan % > 1 %"]
-    assert "attn rows|Δ|>0.25≤1%" in t.describe()
+    assert unknown == ["attention rows with |Δ| > 0.25 (worst layer): not counted"]
+    assert "attn rows|Δ|>0.25≤1%/layer" in t.describe()
+    with pytest.raises(ValueError, match="`tail_abs_diff` and `max_tail_share` come together"):
+        AttentionThresholds(0.8, 1 / 256, max_tail_share=0.01)
     # Figures from before the tail bound read as unknown, not as zero.
     old = {"max_abs_diff": 0.5, "mean_abs_diff": 0.001, "argmax_agreement": 0.9, "rows": 10}
     assert math.isnan(attention.AttentionParity.from_json(old).tail_share)
