@@ -82,7 +82,7 @@ class AttentionParity:
             return None
         read = {n: math.nan if v is None else float(v) for n, v in zip(names, values, strict=True)}
         rows = read.pop("rows")
-        return cls(**read, rows=0 if math.isnan(rows) else int(rows))
+        return cls(**read, rows=int(rows) if math.isfinite(rows) else 0)
 
 
 NAN_PARITY = AttentionParity(math.nan, math.nan, math.nan)

@@ -208,6 +208,8 @@ def test_tail_threshold_is_a_share_of_rows():
     # Figures from before the tail bound read as unknown, not as zero.
     old = {"max_abs_diff": 0.5, "mean_abs_diff": 0.001, "argmax_agreement": 0.9, "rows": 10}
     assert math.isnan(attention.AttentionParity.from_json(old).tail_share)
+    # JSON allows Infinity: a row count that is not finite reads as unknown (0).
+    assert attention.AttentionParity.from_json({**old, "rows": math.inf}).rows == 0
 
 
 @pytest.mark.parametrize("mode", ["int8", "float32"])
