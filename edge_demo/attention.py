@@ -46,6 +46,11 @@ MAX_SAMPLES = 256
 _EPS = 1e-9  # slack when comparing ratios of row counts
 
 
+def share_cell(share: float) -> str:
+    """A tail share for a table: `0.24%`, `-` where it was not counted."""
+    return "-" if not math.isfinite(share) else f"{100 * share:.2g}%"
+
+
 def output_name(layer: int) -> str:
     """The signature output (and `attention.npz` array) of layer `layer`."""
     return f"attention_{layer}"
@@ -119,12 +124,10 @@ class AttentionThresholds:
     def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionThresholds:
         known = [f.name for f in dataclasses.fields(cls)]
         required = ("min_argmax_agreement", "argmax_tie")
-        values = fields.numbers(data, key, known, prefix, required)
-        tail = [name for name in ("tail_abs_diff", "max_tail_share") if name in values]
-        if len(tail) == 1:
-            other = ({"tail_abs_diff", "max_tail_share"} - set(tail)).pop()
-            raise fields.fail(f"{prefix}{key}", f"has {tail[0]} without {other}")
-        return cls(**values)
+        try:
+            return cls(**fields.numbers(data, key, known, prefix, required))
+        except ValueError as exc:  # the bounds that come together
+            raise fields.fail(prefix + key, str(exc)) from None
 
     def failures(self, parity: AttentionParity) -> list[str]:
         """The thresholds `parity` misses, one line each; NaN misses every one."""

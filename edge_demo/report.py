@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from .attention import share_cell
 from .score import ModeResult
 
 _RAMP = " .:-=+*#%@"  # darkest last: a digit's ink
@@ -39,10 +40,9 @@ def attention_cells(r: ModeResult) -> list[str]:
     (int8's), agreement; "n/a" where the runtime cannot run it."""
     if r.attention_status == "n/a":
         return ["n/a", "n/a", "n/a"]
-    tail = r.attention_tail_share
     return [
         _fmt(r.attention_max_abs_diff, ".2e"),
-        "-" if not math.isfinite(tail) else f"{100 * tail:.2g}%",
+        share_cell(r.attention_tail_share),
         _fmt(r.attention_agreement, ".4f"),
     ]
 

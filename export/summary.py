@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from keras_mha_edge.attention import share_cell
 from keras_mha_edge.entries import ModelEntry
 from keras_mha_edge.manifest import Manifest
 
@@ -17,7 +18,7 @@ def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
     attention = ""
     if entry.attention is not None and entry.attention.parity is not None:
         a = entry.attention.parity
-        tail = "" if math.isnan(a.tail_share) else f" tail {100 * a.tail_share:.2g}%"
+        tail = "" if math.isnan(a.tail_share) else f" tail {share_cell(a.tail_share)}"
         attention = f"  attn max|Δ| {a.max_abs_diff:.2g}{tail} agree {a.argmax_agreement:.4f}"
     return (
         f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
@@ -32,8 +33,7 @@ def _attention_cells(entry) -> tuple[str, str, str]:
     if check is None or check.parity is None:
         return "-", "-", "-"
     a = check.parity
-    tail = "-" if math.isnan(a.tail_share) else f"{100 * a.tail_share:.2g}%"
-    return f"{a.max_abs_diff:.2g}", tail, f"{a.argmax_agreement:.4f}"
+    return f"{a.max_abs_diff:.2g}", share_cell(a.tail_share), f"{a.argmax_agreement:.4f}"
 
 
 def summary_table(manifest: Manifest) -> str:

@@ -329,8 +329,8 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         # activity losses: each projection's output, its heads side by side
         # as EinsumDense's.
         for attr, parts in projected.items():
-            if project and parts and self._needs_activity_loss(getattr(self, attr)):
-                self._activity_loss(getattr(self, attr), ops.stack(parts, axis=-2))
+            if project and parts:
+                self._add_activity_loss(getattr(self, attr), parts)
         concat = ops.concatenate(heads, axis=-1)  # [B, T, h * d_v]
         scores = axes.unflatten_scores(ops.stack(head_scores, axis=1), query, key)  # [B, h, T, S]
         if not project:
@@ -343,22 +343,21 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             output = ops.reshape(output, tuple(ops.shape(output)[:-1]) + self._d_out)
         if self.use_bias:
             output = output + self._output_dense.bias
-        if self._needs_activity_loss(self._output_dense):
-            self._activity_loss(self._output_dense, output)
+        self._add_activity_loss(self._output_dense, output)
         return output, scores  # [B, T, d_out], [B, h, T, S]
 
     @staticmethod
-    def _needs_activity_loss(dense) -> bool:
-        """A projection with an activity regularizer that was not called (a
-        quantized one was, and added its own loss)."""
-        return dense.activity_regularizer is not None and dense.quantization_mode is None
-
-    @staticmethod
-    def _activity_loss(dense, output):
+    def _add_activity_loss(dense, output):
         """What calling `dense` would have added: the per-head path computes its
         output from the kernel, so it adds the sublayer's activity regularizer
         loss itself, divided by the batch size as Keras's `Layer.__call__`
-        does."""
+        does. `output`: the projection's output, or its heads' outputs to
+        stack as EinsumDense's. A quantized projection was called and added
+        its own."""
+        if dense.activity_regularizer is None or dense.quantization_mode is not None:
+            return
+        if isinstance(output, list):
+            output = ops.stack(output, axis=-2)
         loss = dense.activity_regularizer(output)
         dense.add_loss(ops.divide_no_nan(loss, ops.cast(ops.shape(output)[0], loss.dtype)))
 

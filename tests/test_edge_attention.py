@@ -149,8 +149,8 @@ def test_int8_tail_bound_counts_the_rows_beyond_64_quanta(samples, fails, bundle
     result = run_mode(bundle, "int8", select_runtime("litert"))
     share = samples / bundle.attention[0].shape[0]  # every query row of a digit is valid
     # The untouched rows of the tests' digits model stay within 64 quanta
-    # (its worst weight over 11 seeds: 0.12).
-    assert result.attention_tail_share == pytest.approx(share)
+    # (its worst weight over 11 seeds: 0.12; abs=1e-3 leaves 4 of 4,096 rows).
+    assert result.attention_tail_share == pytest.approx(share, abs=1e-3)
     tail = [f for f in result.failures if f.startswith("attention rows with |Δ| > 0.25")]
     assert bool(tail) == fails, result.failures
     assert result.attention_max_abs_diff > 0.9  # no whole-row bound: only the share counts
@@ -373,7 +373,7 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
         ({}, "field 'm.attention.thresholds' is empty"),
         (
             {"min_argmax_agreement": 0.8, "argmax_tie": 0.004, "tail_abs_diff": 0.25},
-            "'m.attention.thresholds' has tail_abs_diff without max_tail_share",
+            "'m.attention.thresholds' `tail_abs_diff` and `max_tail_share` come together",
         ),
     ],
 )
