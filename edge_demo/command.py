@@ -85,14 +85,6 @@ nonnegative_int = _int_at_least(0, "an integer >= 0")
 nonnegative_int.__doc__ = "argparse `type=`: an integer >= 0 (an index, a count)."
 
 
-def quiet_tensorflow() -> None:
-    """Silence TensorFlow's C++ logs; call before TensorFlow is imported (it reads this once).
-
-    An explicit TF_CPP_MIN_LOG_LEVEL in the environment wins.
-    """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-
 def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path:
     """Refuse, up front, an output path nothing can be written to.
 

@@ -20,7 +20,8 @@ import argparse
 import pathlib
 import sys
 
-from keras_mha_edge.command import Parser, quiet_tensorflow, run_main
+from keras_mha.quiet import import_tensorflow
+from keras_mha_edge.command import Parser, run_main
 
 PROG = "keras-mha-export"
 
@@ -106,7 +107,7 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
-    quiet_tensorflow()  # before anything below imports TensorFlow
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
     from .bundle import ExportFailed, export_bundle
     from .summary import summary_table
 

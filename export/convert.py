@@ -43,19 +43,16 @@ to the process's stdout/stderr while it runs, so a failure can still quote it.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import os
 import re
-import sys
-import tempfile
 import types
-import warnings
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from keras_mha import quiet
+from keras_mha.quiet import captured_output
 
 if TYPE_CHECKING:
     import keras
@@ -78,68 +75,15 @@ class ConversionError(Exception):
     """The converter could not produce a mode; the message is one line."""
 
 
-def _flush_c_streams() -> None:
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)
-
-
-@contextlib.contextmanager
-def captured_output() -> Iterator[list[str]]:
-    """Collect what Python and native code print to stdout/stderr meanwhile.
-
-    Yields a list that holds the captured lines once the block has ended.
-    """
-    lines: list[str] = []
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    try:
-        saved = (os.dup(1), os.dup(2))
-    except OSError:  # no file descriptors to redirect (embedded interpreter)
-        saved = None
-    python_text = io.StringIO()
-    with tempfile.TemporaryFile() as sink:
-        if saved is not None:
-            os.dup2(sink.fileno(), 1)
-            os.dup2(sink.fileno(), 2)
-        try:
-            with (
-                warnings.catch_warnings(),
-                contextlib.redirect_stdout(python_text),
-                contextlib.redirect_stderr(python_text),
-            ):
-                warnings.simplefilter("ignore")
-                yield lines
-        finally:
-            _flush_c_streams()  # native printf output still in libc's buffers
-            if saved is not None:
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-                for fd in saved:
-                    os.close(fd)
-            sink.seek(0)
-            native = sink.read().decode(errors="replace")
-            lines.extend((python_text.getvalue() + native).splitlines())
-
-
 def import_tensorflow() -> types.ModuleType:
     """Import TensorFlow, Keras and keras_mha quietly; return `tensorflow`.
 
     keras_mha.layers is imported so that its layers are registered before any
     `.keras` file is loaded (docs/field_notes.md: otherwise the error is vague).
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    tf = quiet.import_tensorflow()
     with captured_output():
-        import tensorflow as tf
-
         import keras_mha.layers  # noqa: F401  (registers the custom layers)
-    tf.get_logger().setLevel("ERROR")
-    with contextlib.suppress(ImportError):
-        from absl import logging as absl_logging
-
-        absl_logging.set_verbosity(absl_logging.ERROR)
     return tf
 
 

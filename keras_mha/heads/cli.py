@@ -31,7 +31,8 @@ from __future__ import annotations
 import argparse
 
 from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
-from keras_mha_edge.command import Parser, nonnegative_int, quiet_tensorflow, run_main
+from keras_mha.quiet import import_tensorflow
+from keras_mha_edge.command import Parser, nonnegative_int, run_main
 
 PROG = "keras-mha-heads"
 
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    quiet_tensorflow()  # before anything below imports TensorFlow
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
     from keras_mha.heads import commands
 
     return getattr(commands, f"cmd_{args.command}")(args)

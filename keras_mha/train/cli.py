@@ -19,13 +19,13 @@ import argparse
 import pathlib
 import sys
 
+from keras_mha.quiet import import_tensorflow
 from keras_mha.train.presets import DISTRIBUTE, describe_presets
 from keras_mha_edge.command import (
     Parser,
     check_writable,
     nonnegative_int,
     positive_int,
-    quiet_tensorflow,
     run_main,
 )
 
@@ -98,7 +98,7 @@ def progress_verbosity(quiet: bool, stream) -> int:
 def _run(args: argparse.Namespace) -> int:
     out = args.out or pathlib.Path(f"runs/{args.dataset}")
     check_writable(out, "--out")
-    quiet_tensorflow()  # before anything below imports TensorFlow
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
     from keras_mha.train.pipeline import train
 
     metrics = train(

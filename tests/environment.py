@@ -1,0 +1,35 @@
+"""What a test needs from the machine, and what happens when it is missing.
+
+A test that cannot run because something outside the code is missing (a
+Chromium, a venv, root for a tmpfs mount) calls `missing(...)`. On a
+developer's machine that is a skip with the reason. Under CI (`CI=true`) or
+`KERAS_MHA_STRICT=1` it is a failure naming what was missing, so a green
+run means everything ran.
+
+    from environment import missing
+    if shutil.which("chromium") is None:
+        missing("Debian's chromium (make browser installs it as root)")
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+STRICT_VARIABLE = "KERAS_MHA_STRICT"
+
+
+def strict() -> bool:
+    """True under CI (CI=true) or KERAS_MHA_STRICT=1; KERAS_MHA_STRICT=0 turns it off."""
+    explicit = os.environ.get(STRICT_VARIABLE, "").strip().lower()
+    if explicit:
+        return explicit not in ("0", "false", "no")
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def missing(what: str) -> None:
+    """Skip, or under strict fail, because `what` is not on this machine. Never returns."""
+    if strict():
+        pytest.fail(f"strict run: {what} is missing (set {STRICT_VARIABLE}=0 to skip instead)")
+    pytest.skip(f"{what} is missing")
