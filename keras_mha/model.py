@@ -105,8 +105,15 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        """The inverse of `to_dict`; a key it does not know is a ValueError, not dropped."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(
+                f"unknown ModelConfig key(s): {', '.join(unknown)}; expected some of: "
+                f"{', '.join(names)}"
+            )
+        return cls(**data)
 
 
 def build_classifier(config: ModelConfig, batch_size: int | None = None) -> keras.Model:

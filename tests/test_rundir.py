@@ -229,3 +229,11 @@ def test_output_checks(tmp_path):
         with RunWriter(tmp_path / "empty"):
             pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "notes"]
+
+
+def test_model_config_refuses_unknown_keys():
+    """A metrics.json config with a key this version does not know is refused, not dropped."""
+    data = {**DIGITS.to_dict(), "num_head": 4}
+    with pytest.raises(ValueError, match="unknown ModelConfig key.*num_head; expected"):
+        ModelConfig.from_dict(data)
+    assert ModelConfig.from_dict(DIGITS.to_dict()) == DIGITS

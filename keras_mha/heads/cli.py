@@ -86,13 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--finetune-lr", type=float, default=5e-4, help="fine-tune learning rate (default 5e-4)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    sample_help = "index of the input in RUN_DIR/eval.npz, the held-out split (default 0)"
     p = sub.add_parser("plot", help="attention map of every head for one input")
     p.add_argument("run_dir")
-    p.add_argument("--sample", type=nonnegative_int, default=0)
+    p.add_argument("--sample", type=nonnegative_int, default=0, help=sample_help)
     p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/heads/heads_sampleN.png)")
     p = sub.add_parser("view", help="head view page (HTML) of the float model for one input")
     p.add_argument("run_dir")
-    p.add_argument("--sample", type=nonnegative_int, default=0)
+    p.add_argument("--sample", type=nonnegative_int, default=0, help=sample_help)
     p.add_argument(
         "--out", default=None, help="HTML path (default RUN_DIR/heads/view_sampleN.html)"
     )
