@@ -345,6 +345,11 @@ def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict)
     )
     predictions, errors = _classify(bundle, runtime, options, plan, encoded.ids)
     print(prediction_table(predictions))
+    if len(encoded.unknown) == len(encoded.words):
+        print(
+            "note: every word is unknown to the vocabulary, so the model saw only "
+            f"{vocab.tokens[vocab.unk_id]!r} tokens: the prediction says nothing about this text"
+        )
     for note in _skip_notes(plan) + errors:
         print(note)
     dropped = tuple(encoded.words[vocab.max_length :])

@@ -326,6 +326,18 @@ def test_flags_that_depend_on_the_bundle(digits_bundle, text_bundle, tmp_path):
     assert list(tmp_path.iterdir()) == [tmp_path / "file"]
 
 
+@pytest.mark.slow
+def test_text_of_unknown_words_says_the_prediction_means_nothing(text_bundle):
+    status, stdout, _ = edge(text_bundle, "--text", "zorp blick quux")
+    assert status == 0, stdout
+    assert "unknown to the vocabulary: blick, quux, zorp" in stdout
+    assert "every word is unknown to the vocabulary" in stdout
+    known = json.loads((text_bundle / "vocab.json").read_text())["tokens"][2]
+    status, stdout, _ = edge(text_bundle, "--text", f"{known} zorp")
+    assert status == 0 and "unknown to the vocabulary: zorp" in stdout, stdout
+    assert "every word is unknown" not in stdout
+
+
 def test_usage_errors_are_one_line(tmp_path, capsys):
     for argv, fragment in (
         ([tmp_path, "--threads", "0"], "--threads"),
