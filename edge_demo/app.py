@@ -51,6 +51,7 @@ class DemoOptions:
     threads: int = 1
     repeat: int = 1
     json_path: pathlib.Path | None = None
+    wide: bool = False  # the parity table with every column
     sample: int | None = None
     text: str | None = None
     view: pathlib.Path | None = None
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the parity report as JSON",
     )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="the parity table with every column: mean |Δp|, the int8 attention tail, "
+        "p90/p99 latency, load time, peak memory and the manifest's thresholds",
+    )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--sample", type=nonnegative_int, metavar="N", help="classify eval sample N and show it"
@@ -134,10 +141,13 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     args = parser.parse_args(argv)
     if args.json_path is not None and (args.sample is not None or args.text is not None):
         parser.error("--json applies to the parity run, not to --sample or --text")
+    if args.wide and (args.sample is not None or args.text is not None):
+        parser.error("--wide applies to the parity table, not to --sample or --text")
     if args.debug is not None:
         for flag, value in (
             ("--text", args.text),
             ("--json", args.json_path),
+            ("--wide", args.wide or None),
             ("--view", args.view),
         ):
             if value is not None:
@@ -151,6 +161,7 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         threads=args.threads,
         repeat=args.repeat,
         json_path=args.json_path,
+        wide=args.wide,
         sample=args.sample,
         text=args.text,
         view=args.view,
@@ -233,7 +244,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         for mode, skipped in plan.items()
     ]
     print()
-    print(parity_table(results))
+    print(parity_table(results, wide=options.wide))
     ran = [r for r in results if r.status != "skipped"]
     failed = [r.mode for r in ran if not r.passed]
     skipped = len(results) - len(ran)

@@ -35,56 +35,53 @@ def format_table(headers: list[str], rows: list[list[str]], right: set[int] | No
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def attention_cells(r: ModeResult) -> list[str]:
-    """The attention columns: max |Δ|, the share of rows beyond the tail bound
-    (int8's), agreement; "n/a" where the runtime cannot run it."""
-    if r.attention_status == "n/a":
-        return ["n/a", "n/a", "n/a"]
-    return [
-        _fmt(r.attention_max_abs_diff, ".2e"),
-        share_cell(r.attention_tail_share),
-        _fmt(r.attention_agreement, ".4f"),
-    ]
+def _attention(r: ModeResult, cell: str) -> str:
+    """An attention column's cell; "n/a" where the runtime cannot run the view."""
+    return "n/a" if r.attention_status == "n/a" else cell
 
 
-def parity_table(results: list[ModeResult]) -> str:
-    """The per-mode parity table, then one line per skip or failure."""
-    headers = [
-        "mode", "result", "accuracy", "agreement", "max|Δp|", "mean|Δp|",
-        "attn max|Δ|", "attn tail", "attn agree",
-        "p50 µs", "p90 µs", "p99 µs", "load ms", "peak MB", "size KB", "thresholds",
-    ]  # fmt: skip
+def _thresholds(r: ModeResult) -> str:
+    return "; ".join(t.describe() for t in (r.thresholds, r.attention_thresholds) if t is not None)
+
+
+# (header, cell of a mode that ran, in the default narrow table): the narrow
+# table is what a reader judges a mode by; --wide adds the rest. Failures are
+# spelled out below the table either way, so the thresholds column is wide-only.
+_COLUMNS = [
+    ("accuracy", lambda r: _fmt(r.accuracy, ".4f"), True),
+    ("agreement", lambda r: _fmt(r.agreement, ".4f"), True),
+    ("max|Δp|", lambda r: _fmt(r.max_abs_diff, ".2e"), True),
+    ("mean|Δp|", lambda r: _fmt(r.mean_abs_diff, ".2e"), False),
+    ("attn max|Δ|", lambda r: _attention(r, _fmt(r.attention_max_abs_diff, ".2e")), True),
+    ("attn tail", lambda r: _attention(r, share_cell(r.attention_tail_share)), False),
+    ("attn agree", lambda r: _attention(r, _fmt(r.attention_agreement, ".4f")), True),
+    ("p50 µs", lambda r: _fmt(r.latency_us_p50, ".1f"), True),
+    ("p90 µs", lambda r: _fmt(r.latency_us_p90, ".1f"), False),
+    ("p99 µs", lambda r: _fmt(r.latency_us_p99, ".1f"), False),
+    ("load ms", lambda r: _fmt(r.load_ms, ".1f"), False),
+    ("peak MB", lambda r: _fmt(r.peak_rss_mb, ".1f"), False),
+    ("size KB", lambda r: _fmt(r.model_bytes / 1024, ".1f"), True),
+    ("thresholds", _thresholds, False),
+]
+
+
+def parity_table(results: list[ModeResult], wide: bool = False) -> str:
+    """The per-mode parity table (`wide`: every column), then one line per skip or failure."""
+    columns = [c for c in _COLUMNS if wide or c[2]]
+    headers = ["mode", "result", *(header for header, _, _ in columns)]
     rows, notes = [], []
     for r in results:
         if r.status == "skipped":
-            rows.append([r.mode, "SKIP", *["-"] * 13, ""])
+            rows.append([r.mode, "SKIP", *["-"] * len(columns)])
             notes.append(f"{r.mode}: skipped: {r.reason}")
             continue
-        rows.append(
-            [
-                r.mode,
-                "PASS" if r.passed else "FAIL",
-                _fmt(r.accuracy, ".4f"),
-                _fmt(r.agreement, ".4f"),
-                _fmt(r.max_abs_diff, ".2e"),
-                _fmt(r.mean_abs_diff, ".2e"),
-                *attention_cells(r),
-                _fmt(r.latency_us_p50, ".1f"),
-                _fmt(r.latency_us_p90, ".1f"),
-                _fmt(r.latency_us_p99, ".1f"),
-                _fmt(r.load_ms, ".1f"),
-                _fmt(r.peak_rss_mb, ".1f"),
-                _fmt(r.model_bytes / 1024, ".1f"),
-                "; ".join(
-                    t.describe() for t in (r.thresholds, r.attention_thresholds) if t is not None
-                ),
-            ]
-        )
+        result = "PASS" if r.passed else "FAIL"
+        rows.append([r.mode, result, *(cell(r) for _, cell, _ in columns)])
         notes.extend(f"{r.mode}: FAIL: {failure}" for failure in r.failures)
         if r.attention_status == "n/a":
             notes.append(f"{r.mode}: attention n/a: {r.attention_note}")
-    table = format_table(headers, rows, right=set(range(2, 15)))
-    return "\n".join([table, *notes])
+    right = {i + 2 for i, (header, _, _) in enumerate(columns) if header != "thresholds"}
+    return "\n".join([format_table(headers, rows, right=right), *notes])
 
 
 def render_features(x: np.ndarray) -> str:

@@ -361,6 +361,25 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
     assert not entry.verified and "attention not verified" in failure.reasons[0]
 
 
+def test_the_parity_table_is_narrow_unless_asked(digits_bundle):
+    """The default table fits a terminal; --wide adds latency tails, memory and thresholds."""
+    from keras_mha_edge.report import parity_table
+
+    bundle = open_bundle(digits_bundle, "float32,int8")
+    results = [run_mode(bundle, mode, select_runtime("litert")) for mode in ("float32", "int8")]
+    narrow, wide = parity_table(results), parity_table(results, wide=True)
+    header = narrow.splitlines()[0].split()
+    assert header[:4] == ["mode", "result", "accuracy", "agreement"] and "p50" in header
+    assert "thresholds" not in header and "p99" not in header
+    assert max(map(len, narrow.splitlines())) <= 120, narrow
+    wide_header = wide.splitlines()[0]
+    for column in ("mean|Δp|", "attn tail", "p99 µs", "peak MB", "thresholds"):
+        assert column in wide_header
+    assert "agree≥0.975" in wide.splitlines()[3]  # int8's row carries its thresholds
+    for narrow_row, wide_row in zip(narrow.splitlines()[2:], wide.splitlines()[2:], strict=True):
+        assert narrow_row.split()[:4] == wide_row.split()[:4]  # the same figures
+
+
 @pytest.mark.parametrize(
     "raw,message",
     [
