@@ -27,6 +27,7 @@ import sys
 
 import numpy as np
 import pytest
+from environment import missing
 
 from keras_mha_edge.entries import ModelEntry
 from keras_mha_edge.files import sha256_file
@@ -44,14 +45,11 @@ EDGE_VENVS = {
 
 
 def edge_python(runtime: str) -> pathlib.Path:
-    """The TensorFlow-free interpreter for `runtime`; fails if the venv is missing."""
+    """The TensorFlow-free interpreter for `runtime`; `missing(...)` if the venv is not there."""
     env_var, default = EDGE_VENVS[runtime]
     path = pathlib.Path(os.environ.get(env_var) or default)
     if not path.exists():
-        pytest.fail(
-            f"{path} not found: run `make edge-venvs` (or set {env_var}); `make test` creates it",
-            pytrace=False,
-        )
+        missing(f"{path} (run `make edge-venvs` or set {env_var}; `make test` creates it)")
     return path
 
 

@@ -16,6 +16,7 @@ import subprocess
 
 import pytest
 from edge_bundle import REPO, export_bundle, export_command, make_text_run
+from environment import missing
 
 
 @pytest.fixture(scope="session")
@@ -88,12 +89,15 @@ def read_only_dir(tmp_path):
         yield directory
         directory.chmod(0o755)
         return
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(directory)],
-        capture_output=True,
-        check=False,
-    )
+    try:
+        mount = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(directory)],
+            capture_output=True,
+            check=False,
+        )
+    except FileNotFoundError:
+        missing("the mount command (for a read-only tmpfs)")
     if mount.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {mount.stderr.decode().strip()}")
+        missing(f"a read-only tmpfs mount as root ({mount.stderr.decode().strip()})")
     yield directory
     subprocess.run(["umount", str(directory)], check=True)

@@ -82,6 +82,42 @@ def tflite_runtime_loads(paths: list[pathlib.Path]) -> dict[str, bool]:
     return {pathlib.Path(k).name: v for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
+_TFLITE_RUNTIME_OUTPUTS = """
+import sys, numpy as np
+from tflite_runtime.interpreter import Interpreter
+
+x = np.load(sys.argv[2])["x"]
+interpreter = Interpreter(model_path=sys.argv[1], num_threads=1)
+interpreter.allocate_tensors()
+inp, out = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+rows = []
+for row in x:
+    scale, zero_point = inp["quantization"]
+    if scale:
+        info = np.iinfo(inp["dtype"])
+        scaled = row / scale
+        row = np.clip(np.sign(scaled) * np.floor(np.abs(scaled) + 0.5) + zero_point, info.min, info.max)
+    interpreter.set_tensor(inp["index"], row[None].astype(inp["dtype"]))
+    interpreter.invoke()
+    y = interpreter.get_tensor(out["index"])[0].astype(np.float64)
+    scale, zero_point = out["quantization"]
+    rows.append((y - zero_point) * scale if scale else y)
+np.save(sys.argv[3], np.array(rows))
+"""
+
+
+def tflite_runtime_outputs(path: pathlib.Path, x: np.ndarray, scratch: pathlib.Path) -> np.ndarray:
+    """`litert_outputs(path, x)[0]` computed by tflite-runtime 2.14 in its venv (`scratch`: a
+    directory for the inputs and outputs)."""
+    np.savez(scratch / "oracle_x.npz", x=x)
+    subprocess.run(
+        [str(TFLITE_RUNTIME_PYTHON), "-c", _TFLITE_RUNTIME_OUTPUTS, str(path),
+         str(scratch / "oracle_x.npz"), str(scratch / "oracle_y.npy")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return np.load(scratch / "oracle_y.npy")
+
+
 def leftovers(directory: pathlib.Path) -> list[str]:
     """Temporary bundle directories left behind in `directory`."""
     return [p.name for p in directory.iterdir() if ".tmp-" in p.name or ".old-" in p.name]

@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 from edge_bundle import edge_python, edit_manifest, match_model_file
+from export_checks import litert_outputs, tflite_runtime_outputs
 
 from keras_mha_edge.report import render_features
 from keras_mha_edge.runtime import RUNTIMES
@@ -102,7 +103,7 @@ def test_parity_run_in_edge_venv(runtime, digits_bundle, app_dir, tmp_path):
     report = tmp_path / "report.json"
     proc = run_app(edge_python(runtime), app_dir, digits_bundle, "--json", report)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout and "p99 µs" in proc.stdout
+    assert "PASS" in proc.stdout and "p50 µs" in proc.stdout  # the default (narrow) table
     assert proc.stderr == ""  # native INFO chatter is captured too
     result = json.loads(report.read_text())
     manifest = json.loads((digits_bundle / "manifest.json").read_text())
@@ -214,23 +215,51 @@ def test_asking_for_the_other_runtime_is_bad_input(runtime, flag, message, digit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["litert", "tflite-runtime"])
-def test_sample_shows_the_digit_and_each_prediction(runtime, digits_bundle, app_dir):
+def test_sample_shows_the_digit_and_each_prediction(runtime, digits_bundle, app_dir, tmp_path):
+    """Each mode's line is what that mode computes for the sample, on this runtime.
+
+    Whether a quantized mode keeps the float model's prediction on one
+    sample is not the contract: it may change up to 1 % of them (the
+    manifest's min_agreement, judged on the whole eval set by the parity
+    tests). So each line is checked against the mode's own output, computed
+    here without edge_demo (LiteRT or tflite-runtime directly). A mode that
+    bounds every probability (float32 1e-5, float16 1e-2) must also keep the
+    float top class whenever the float model's top two are more than twice
+    that bound apart.
+    """
     evaluation = np.load(digits_bundle / "eval.npz")
+    manifest = json.loads((digits_bundle / "manifest.json").read_text())
+    labels = json.loads((digits_bundle / "labels.json").read_text())
     i = 5
     proc = run_app(edge_python(runtime), app_dir, digits_bundle, "--sample", i)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert f"label '{int(evaluation['y'][i])}'" in out
     assert out.count("|") >= 16 and "@@" in out  # the 8x8 picture
-    reference = int(evaluation["probs"][i].argmax())
+    reference = evaluation["probs"][i].astype(np.float64)
     ref_line = next(line for line in out.splitlines() if line.startswith("keras (float reference)"))
-    assert ref_line.split()[3] == str(reference)
-    assert f"{evaluation['probs'][i].max():.4f}" in ref_line
+    assert ref_line.split()[3] == labels[int(reference.argmax())]
+    assert f"{reference.max():.4f}" in ref_line
+    top_two = np.sort(reference)[-2:]
     may_skip = TFLITE_RUNTIME_MAY_SKIP if runtime == "tflite-runtime" else set()
+    checked_against_float = []
     for mode in ALL_MODES:
         line = next(line for line in out.splitlines() if line.startswith(mode + " "))
-        expected = {"skipped", str(reference)} if mode in may_skip else {str(reference)}
-        assert line.split()[1] in expected, line
+        if mode in may_skip and line.split()[1] == "skipped":
+            continue
+        path = digits_bundle / manifest["models"][mode]["file"]
+        if runtime == "litert":
+            probs = litert_outputs(path, evaluation["x"][i : i + 1])[0][0]
+        else:
+            probs = tflite_runtime_outputs(path, evaluation["x"][i : i + 1], tmp_path)[0]
+        label, confidence = line.split()[1], float(line.split()[2])
+        assert label == labels[int(probs.argmax())], (mode, line, probs)
+        assert confidence == pytest.approx(probs.max(), abs=5e-5), (mode, line, probs)
+        bound = manifest["models"][mode]["thresholds"].get("max_abs_diff")
+        if bound is not None and top_two[1] - top_two[0] > 2 * bound:
+            assert label == labels[int(reference.argmax())], (mode, line)
+            checked_against_float.append(mode)
+    assert "float32" in checked_against_float  # a digit the float model is sure of
     if runtime == "tflite-runtime":
         assert "int16x8: skipped:" in out
 

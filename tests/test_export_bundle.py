@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 from edge_bundle import REPO
+from environment import missing
 from export_checks import NOISE, TFLITE_RUNTIME_PYTHON, litert_outputs, sha256, tflite_runtime_loads
 
 from keras_mha_edge.bundle import open_bundle
@@ -174,10 +175,9 @@ def test_manifest_checksums_sizes_and_copies(exported):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not TFLITE_RUNTIME_PYTHON.exists(), reason="no .venv-edge-tflite (make edge-venvs)"
-)
 def test_runtime_claims_match_tflite_runtime_214(exported):
+    if not TFLITE_RUNTIME_PYTHON.exists():
+        missing(f"{TFLITE_RUNTIME_PYTHON} (tflite-runtime 2.14's venv; make edge-venvs)")
     models = exported["manifest"]["models"]
     loads = tflite_runtime_loads([exported["out"] / e["file"] for e in models.values()])
     assert {m: e["runtimes"]["tflite-runtime"] for m, e in models.items()} == {

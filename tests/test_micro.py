@@ -19,6 +19,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from environment import missing
 
 from keras_mha_edge.parity import Thresholds, measure
 from keras_mha_edge.tensors import TensorSpec
@@ -75,10 +76,8 @@ def micro_python() -> pathlib.Path:
         os.environ.get("KERAS_MHA_MICRO_PYTHON") or REPO / ".venv-edge-micro" / "bin" / "python"
     )
     if not path.exists():
-        pytest.fail(
-            f"{path} not found: run `make micro-venv` (or set KERAS_MHA_MICRO_PYTHON); "
-            "`make test` creates it",
-            pytrace=False,
+        missing(
+            f"{path} (run `make micro-venv` or set KERAS_MHA_MICRO_PYTHON; `make test` creates it)"
         )
     return path
 
@@ -179,25 +178,47 @@ def test_micro_meets_the_manifest_thresholds_against_the_float_model(micro_run, 
     assert failures == [], (mode, failures)
 
 
+# TFLM against LiteRT, raw integer outputs of the session's digits fixture
+# (tests/conftest.py), measured on an Intel Xeon (oneDNN on) over training
+# seeds 0-4, 3,600 values per mode:
+#   int8     5.0-7.3 % of the values differ; max 8-25 quanta; 99th percentile 3-4; top-1 >= 0.9944
+#   int16x8  6.4-8.9 % differ;               max 10-23 quanta; 99th percentile 3-4; top-1 >= 0.9972
+# and earlier on an AMD EPYC (two digits models): 1-8 % differ, at most 17 quanta.
+# The bounds are about 3x the worst of those figures, for another CPU's
+# trained model (AMD without oneDNN trains to other weights):
+RAW_MAX_SHARE_DIFFERENT = 0.25  # 3x 8.9 %
+RAW_MAX_QUANTA = 64  # 2.6x 25
+RAW_P99_QUANTA = 12  # 3x 4
+RAW_MIN_TOP1_SAME = 0.98  # 7 of 360 flips; 2 measured
+
+
 @pytest.mark.parametrize("mode", ["int8", "int16x8"])
 def test_micro_raw_outputs_agree_with_litert(micro_run, mode):
     """Same integer graph, two kernel libraries: only requantization rounding differs.
 
     TFLM's reference kernels and LiteRT's (XNNPACK) round intermediate
-    requantizations differently, and the differences add up over the layers:
-    measured on two digits models, 1-8 % of the raw outputs differ, by at
-    most 17 quanta, and the top class never. A wrong input quantization,
-    wrong output index or a broken kernel moves most values and the top
-    class. The margins (half the values may differ, by 1/8 of the output
-    range, 2 % of top classes) hold for any model trained on any CPU.
+    requantizations differently, and the differences add up over the
+    layers: a few percent of the raw outputs differ, mostly by one quantum
+    (the figures above the bounds). A wrong input quantization,
+    wrong output index or a broken kernel moves most values by many quanta
+    (eval rows one apart: 43-84 % differ, by up to the whole range). An
+    input one quantum off on every value stays inside them (11 % differ, max
+    28): the parity test against the float model judges that.
     """
     ours, theirs = micro_run["micro"][mode], micro_run["litert"][mode]["raw"]
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
     delta = np.abs(ours.astype(np.int64) - theirs.astype(np.int64))
-    span = np.iinfo(ours.dtype).max - np.iinfo(ours.dtype).min
-    assert (delta == 0).mean() >= 0.5, (mode, (delta > 0).mean())
-    assert delta.max() <= span / 8, (mode, int(delta.max()))
-    assert (ours.argmax(-1) == theirs.argmax(-1)).mean() >= 0.98
+    figures = {
+        "share_different": float((delta > 0).mean()),
+        "max_quanta": int(delta.max()),
+        "p99_quanta": float(np.percentile(delta, 99)),
+        "top1_same": float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
+    }
+    print(mode, figures)  # the measured figures, with pytest -s
+    assert figures["share_different"] <= RAW_MAX_SHARE_DIFFERENT, (mode, figures)
+    assert figures["max_quanta"] <= RAW_MAX_QUANTA, (mode, figures)
+    assert figures["p99_quanta"] <= RAW_P99_QUANTA, (mode, figures)
+    assert figures["top1_same"] >= RAW_MIN_TOP1_SAME, (mode, figures)
 
 
 def test_micro_float32_outputs_are_litert_within_float_rounding(micro_run):

@@ -6,7 +6,8 @@
 # `python3 -m edge_demo BUNDLE --json REPORT` as each CPU in ARM64_CPUS
 # (QEMU_CPU). Passes when every run exits 0 (every mode meets the manifest's
 # thresholds) and nothing says LiteRT ran without a usable CPU description.
-# Raw outputs are dumped beside, for comparison with x86-64 (summary.py).
+# Raw outputs are dumped beside; make test-arm64 then gates them against
+# x86-64's with summary.py (RAW_BOUNDS), which also writes summary.json.
 # Pitfalls handled here, each measured: docs/field_notes.md (64-bit ARM).
 #
 # usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE "TEXT"
