@@ -16,7 +16,20 @@ SPLIT ?= train
 RECONSTRUCT ?= --reconstruct
 PRUNED ?= $(patsubst %/,%,$(RUN))_pruned
 
-.PHONY: install edge-venvs lint format test test-fast demo heads heads-needs-run bench clean
+# A strict run (CI=true, or KERAS_MHA_STRICT=1 for anyone; KERAS_MHA_STRICT=0
+# turns it off) fails where a lenient one skips: a backend venv, Chromium,
+# root for a mount or a chroot that is missing (tests/environment.py). Exported
+# as 0 or 1 so pytest and tests/keras_suite/run.py decide as make does.
+STRICT := $(if $(KERAS_MHA_STRICT),$(filter-out 0 false False FALSE no,$(KERAS_MHA_STRICT)),$(filter 1 true True TRUE yes,$(CI)))
+export KERAS_MHA_STRICT := $(if $(STRICT),1,0)
+# make test's results (junit files), read by tests/summary.py for its closing
+# table; PYTEST_ARGS goes to the main pytest run (.ci/run: --durations=25).
+TEST_RESULTS := .cache/test-results
+PYTEST_ARGS ?=
+# ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
+SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
+
+.PHONY: install edge-venvs lint format test test-fast test-summary demo heads heads-needs-run bench clean
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
 # emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
@@ -51,12 +64,21 @@ format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# Every test, then the table of every part (tests/summary.py): it fails when a
+# part failed or ran no test. A failure stops make test after printing it.
 test: install edge-venvs lint $(TEST_PREREQS)
-	$(PY) -m pytest
-	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory $(TEST_AFTER))
+	rm -rf $(TEST_RESULTS) && mkdir -p $(TEST_RESULTS)
+	$(PY) -m pytest --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || { s=$$?; $(SUMMARY); exit $$s; }
+	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory $(TEST_AFTER) || { s=$$?; $(SUMMARY); exit $$s; })
+	$(SUMMARY)
 
-test-fast: install
-	$(PY) -m pytest -m "not slow"
+test-summary:
+	@$(SUMMARY)
+
+# The inner loop: every test but those marked slow, which tests/conftest.py
+# does for each that trains or exports a model. make test runs them all.
+test-fast: install edge-venvs
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 demo: install edge-venvs
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite

@@ -1,4 +1,11 @@
-"""Shared fixtures: a small trained run directory, made on the fly."""
+"""Shared fixtures (a small trained run directory, made on the fly) and marks.
+
+Every test that requests a fixture of SLOW_FIXTURES, directly or through
+another fixture, is marked `slow`: `make test-fast` (-m "not slow") trains
+and exports nothing. A test that make test's table also counts on a line of
+its own (tests/summary.py's part_of: browser, tflite-runtime, TFLite Micro,
+layer tests) carries that line's name as the junit property `part`.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +16,41 @@ import subprocess
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest
+from environment import missing
+from summary import part_of
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# The fixtures that train or export a model. A fixture built on one of them
+# (bundle_copy, micro_run, ...) needs no entry: pytest's item.fixturenames is
+# the whole closure. A test parametrized with a fixture's name that it gets
+# with request.getfixturevalue is caught by that name: so digits_bundle.
+SLOW_FIXTURES = {
+    "digits_run",  # here: make_digits_run, 40 epochs
+    "augmented_run",  # here: train(), 3 epochs with shifted copies
+    "digits_export",  # edge_fixtures: python -m keras_mha_export on digits_run, every mode
+    "digits_bundle",  # edge_fixtures: digits_export's bundle
+    "text_bundle",  # edge_fixtures: python -m keras_mha_export on text_run
+    "token_files",  # test_export_tokens: fits a token classifier, 10 epochs
+    "converted",  # test_convert_attention: converts every mode, twice
+}
+
+
+def trains_or_exports(item) -> bool:
+    names = set(item.fixturenames)
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:  # parameters naming a fixture (request.getfixturevalue)
+        names.update(v for v in callspec.params.values() if isinstance(v, str))
+    return not SLOW_FIXTURES.isdisjoint(names)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if trains_or_exports(item):
+            item.add_marker(pytest.mark.slow)
+        part = part_of(item)
+        if part is not None:
+            item.user_properties.append(("part", part))
 
 
 def make_digits_run(out: pathlib.Path, epochs: int = 40, seed: int = 0, **config) -> pathlib.Path:
@@ -82,8 +122,8 @@ def read_only_dir(tmp_path):
     try:
         done = subprocess.run(mount, capture_output=True, text=True, check=False)
     except FileNotFoundError:
-        pytest.skip("no mount command")
+        missing("the mount command (for a read-only tmpfs)")
     if done.returncode:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.strip()}")
+        missing(f"a read-only tmpfs mount as root ({done.stderr.strip()})")
     yield ro
     subprocess.run(["umount", str(ro)], check=True)

@@ -31,5 +31,6 @@ def strict() -> bool:
 def missing(what: str) -> None:
     """Skip, or under strict fail, because `what` is not on this machine. Never returns."""
     if strict():
-        pytest.fail(f"strict run: {what} is missing (set {STRICT_VARIABLE}=0 to skip instead)")
+        message = f"strict run: {what} is missing (set {STRICT_VARIABLE}=0 to skip instead)"
+        pytest.fail(message, pytrace=False)  # one line, no traceback
     pytest.skip(f"{what} is missing")

@@ -168,17 +168,17 @@ def test_write_html_replaces_atomically(tmp_path):
 
 @pytest.fixture(scope="module")
 def browser():
-    """A headless Chromium driven by Selenium; skips with the reason when there is none."""
+    """A headless Chromium driven by Selenium; `missing(...)` (skip, strict: fail) if none."""
+    from environment import missing
+
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver_path is None:
-        pytest.skip(
-            "Debian's chromium and chromium-driver are not installed (make browser installs them as root)"
-        )
+        missing("Debian's chromium and chromium-driver (make browser installs them as root)")
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
     except ImportError:
-        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+        missing("selenium (pip install -e '.[test]'; make install)")
     os.environ.setdefault("SE_AVOID_STATS", "true")
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

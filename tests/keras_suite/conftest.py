@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import keras
 import pytest
-from exclusions import EXCLUDED  # tests/keras_suite is on sys.path (rootdir conftest)
+
+from keras_suite.exclusions import EXCLUDED
 
 
 def pytest_configure(config):

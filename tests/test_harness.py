@@ -1,0 +1,290 @@
+"""The test harness itself: make test's table (tests/summary.py), the Keras-suite
+checks of tests/keras_suite/run.py, the `slow` and `part` marks of
+tests/conftest.py, and strict runs, where a backend venv that cannot be built
+fails instead of skipping."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import types
+
+import conftest
+import environment
+import pytest
+import summary
+from keras_suite import run
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TAGS = {
+    "failed": '<failure message="assert 1 == 2"/>',
+    "error": '<error message="fixture broke"/>',
+    "skipped": '<skipped type="pytest.skip" message="{why}"/>',
+    "excluded": '<skipped type="pytest.xfail" message="listed"/>',
+    "passed": "",
+}
+
+
+def write_junit(path: pathlib.Path, *cases, why: str = "no chromium") -> pathlib.Path:
+    """A junit file as pytest writes it; cases: (name, outcome[, part])."""
+    rows = []
+    for name, kind, *part in cases:
+        props = (
+            f'<properties><property name="part" value="{part[0]}"/></properties>' if part else ""
+        )
+        body = TAGS[kind].format(why=why)
+        rows.append(f'<testcase classname="tests.test_x" name="{name}">{props}{body}</testcase>')
+    path.write_text(
+        f'<testsuites><testsuite name="pytest">{"".join(rows)}</testsuite></testsuites>'
+    )
+    return path
+
+
+def many(n: int, kind: str = "passed", prefix: str = "test_") -> list[tuple[str, str]]:
+    return [(f"{prefix}{i}", kind) for i in range(n)]
+
+
+# --- summary.py: counts, lines, table, exit status -----------------------------------
+
+
+def test_counts_each_outcome_once(tmp_path):
+    junit = write_junit(
+        tmp_path / "j.xml",
+        ("a", "passed"),
+        ("b", "failed"),
+        ("c", "error"),
+        ("d", "skipped"),
+        ("e", "excluded"),
+    )
+    found = summary.counts(summary.cases(junit))
+    assert found == {"passed": 1, "failed": 2, "skipped": 1, "excluded": 1}
+
+
+def test_a_part_counts_only_its_tagged_tests(tmp_path):
+    write_junit(
+        tmp_path / "pytest.xml",
+        ("a", "passed", "browser"),
+        ("b", "skipped", "browser"),
+        ("c", "passed", "tflite-micro"),
+        ("d", "passed"),
+    )
+    assert summary.line(tmp_path, "pytest.xml", "browser") == (
+        {"passed": 1, "failed": 0, "skipped": 1, "excluded": 0},
+        "",
+    )
+    assert summary.line(tmp_path, "pytest.xml", None)[0]["passed"] == 3
+
+
+def test_a_line_fails_on_failures_on_no_test_ran_and_on_no_results(tmp_path):
+    write_junit(tmp_path / "pytest.xml", ("a", "passed"), ("b", "failed", "tflite-runtime"))
+    write_junit(tmp_path / "skipped.xml", ("a", "skipped"), ("b", "skipped"), why="no venv X")
+    write_junit(tmp_path / "empty.xml")
+    (tmp_path / "keras-suite-jax.txt").write_text(".venv-jax is not installed\n")
+    assert summary.line(tmp_path, "pytest.xml", "tflite-runtime")[1] == "1 failed"
+    assert summary.line(tmp_path, "skipped.xml", None)[1] == "no test ran (skipped: no venv X)"
+    assert summary.line(tmp_path, "empty.xml", None)[1] == "no test ran"
+    assert summary.line(tmp_path, "keras-suite-jax.xml", None) == (
+        None,
+        "did not run: .venv-jax is not installed",
+    )
+    assert summary.line(tmp_path, "layer-tests-jax.xml", None)[1].startswith("no results (")
+
+
+def _all_green(results: pathlib.Path) -> None:
+    parts = [part for _, _, part in summary.LINES if part]
+    write_junit(results / summary.MAIN, *[(p, "passed", p) for p in parts], ("x", "skipped"))
+    for _, file, _ in summary.LINES:
+        if file != summary.MAIN:
+            write_junit(results / file, *many(3))
+
+
+def row_of(out: str, label: str) -> str:
+    """The row of the table for `label`, after the label, spaces squeezed."""
+    (row,) = [r for r in out.splitlines() if r.startswith(label + " ")]
+    return " ".join(row[len(label) :].split())
+
+
+def test_table_passes_when_every_line_ran_and_none_failed(tmp_path, capsys):
+    _all_green(tmp_path)
+    assert summary.main([str(tmp_path)]) == 0
+    header, *rows, last = capsys.readouterr().out.strip().splitlines()
+    assert header.split() == ["make", "test", "passed", "failed", "skipped"]
+    assert len(rows) == len(summary.LINES) and all(row.endswith("  ok") for row in rows)
+    assert rows[0].split()[-4:] == ["4", "0", "1", "ok"]  # one test per part, one skipped
+    assert last == f"make test: all {len(summary.LINES)} lines ran tests and none failed"
+
+
+def test_table_fails_and_names_the_line_that_ran_nothing(tmp_path, capsys):
+    _all_green(tmp_path)
+    write_junit(tmp_path / "layer-tests-torch.xml", *many(5, "skipped"), why="no torch")
+    assert summary.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert row_of(out, "layer tests, torch") == "0 0 5 FAIL: no test ran (skipped: no torch)"
+    assert out.strip().endswith(f"FAILED, 1 of {len(summary.LINES)} lines: layer tests, torch")
+
+
+def test_a_missing_results_file_fails_the_table(tmp_path, capsys):
+    _all_green(tmp_path)
+    (tmp_path / "keras-suite-tensorflow.xml").unlink()
+    assert summary.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert row_of(out, "keras suite, tensorflow").startswith("- - - FAIL: no results (")
+    assert out.strip().endswith("lines: keras suite, tensorflow")
+
+
+def test_counts_json_lines_arm64(tmp_path, capsys):
+    _all_green(tmp_path)
+    arm64 = tmp_path / "summary.json"
+    arm64.write_text(json.dumps({"suite": "arm64", "passed": 4, "failed": 0, "skipped": 0}))
+    assert summary.main([str(tmp_path), str(arm64)]) == 0
+    assert row_of(capsys.readouterr().out, "arm64") == "4 0 0 ok"
+    arm64.write_text(json.dumps({"suite": "arm64", "passed": 3, "failed": 1, "skipped": 0}))
+    assert summary.main([str(tmp_path), str(arm64)]) == 1
+    assert capsys.readouterr().out.strip().endswith("lines: arm64")
+    assert summary.main([str(tmp_path), str(tmp_path / "absent.json")]) == 1
+
+
+# --- tests/conftest.py: which tests are slow, which part they count in ---------------
+
+
+def _item(name, path="test_x.py", fixtures=(), params=None):
+    marks = []
+    return types.SimpleNamespace(
+        name=name,
+        originalname=name.split("[")[0],
+        path=REPO / "tests" / path,
+        fixturenames=list(fixtures),
+        callspec=None if params is None else types.SimpleNamespace(params=params),
+        user_properties=[],
+        marks=marks,
+        add_marker=marks.append,
+    )
+
+
+def test_tests_that_train_or_export_through_any_fixture_are_slow():
+    trains = _item("test_a", fixtures=["micro_run", "digits_bundle", "digits_export", "digits_run"])
+    through_text = _item("test_b", fixtures=["text_copy", "text_bundle", "text_run"])
+    by_name = _item("test_d[digits_bundle]", fixtures=["request"], params={"f": "digits_bundle"})
+    quick = _item("test_c", fixtures=["tmp_path", "text_run", "app_dir"], params={"m": "int8"})
+    conftest.pytest_collection_modifyitems(None, [trains, through_text, by_name, quick])
+    for item in (trains, through_text, by_name):
+        assert [m.name for m in item.marks] == ["slow"], item.name
+    assert quick.marks == []
+
+
+def test_parts_of_the_main_run():
+    cases = {
+        "browser": _item("test_page", "test_view.py", fixtures=["browser", "tmp_path"]),
+        "tflite-runtime": _item("test_tflite_runtime_214_x", "test_convert_attention.py"),
+        "tflite-micro": _item("test_arena", "test_micro.py"),
+        "layer tests": _item("test_call", "test_attention_keras.py"),
+        None: _item("test_view_html", "test_view.py", fixtures=["tmp_path"]),
+    }
+    for part, item in cases.items():
+        assert summary.part_of(item) == part, item.name
+    tflite = _item(
+        "test_sample[tflite-runtime]", "test_edge_cli.py", params={"runtime": "tflite-runtime"}
+    )
+    litert = _item("test_sample[litert]", "test_edge_cli.py", params={"runtime": "litert"})
+    assert summary.part_of(tflite) == "tflite-runtime"
+    assert summary.part_of(litert) is None
+    conftest.pytest_collection_modifyitems(None, [tflite])
+    assert tflite.user_properties == [("part", "tflite-runtime")]
+
+
+# --- tests/keras_suite/run.py: the swap and the minimum number of passes --------------
+
+
+def test_keras_suite_needs_the_swap_test_passed_and_enough_passes(tmp_path):
+    least = run.MIN_PASSED["keras suite"]["jax"]
+    enough = many(least)
+    with_swap = write_junit(tmp_path / "a.xml", *enough, (run.SWAP_TEST, "passed"))
+    swap_skipped = write_junit(tmp_path / "b.xml", *enough, (run.SWAP_TEST, "skipped"))
+    too_few = write_junit(tmp_path / "c.xml", *many(least - 2), (run.SWAP_TEST, "passed"))
+    assert run.judge("keras suite", "jax", summary.cases(with_swap)) == ""
+    assert run.SWAP_TEST in run.judge("keras suite", "jax", summary.cases(swap_skipped))
+    assert run.judge("keras suite", "jax", summary.cases(too_few)).startswith(
+        f"only {least - 1} passed, at least {least} expected"
+    )
+    assert run.judge("layer tests", "torch", summary.cases(with_swap)).startswith("only ")
+
+
+def test_the_minimums_are_far_above_nothing():
+    for suite, backends in run.MIN_PASSED.items():
+        assert set(backends) == set(run.VENVS), suite
+        assert min(backends.values()) >= 40, suite
+
+
+# --- strict runs: a missing environment fails ----------------------------------------
+
+
+def _env(strict: str) -> dict[str, str]:
+    """This environment, with strictness set explicitly and no make of ours around it."""
+    drop = ("CI", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "KERAS_MHA_STRICT")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, "KERAS_MHA_STRICT": strict}
+
+
+def test_missing_skips_and_strict_fails(monkeypatch):
+    monkeypatch.setenv("KERAS_MHA_STRICT", "1")
+    with pytest.raises(pytest.fail.Exception, match="strict run: a chromium is missing"):
+        environment.missing("a chromium")
+    monkeypatch.setenv("KERAS_MHA_STRICT", "0")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.skip.Exception, match="a chromium is missing"):
+        environment.missing("a chromium")
+
+
+@pytest.mark.parametrize("strict", ["1", "0"])
+def test_run_py_fails_a_strict_run_when_a_backend_venv_failed_to_build(tmp_path, strict):
+    venv = tmp_path / ".venv-jax"
+    venv.mkdir()
+    (venv / ".failed").write_text("building .venv-jax failed (pip install jax jaxlib)\n")
+    results = tmp_path / "results"
+    argv = ["--backends", "jax", "--venv", f"jax={venv}", "--junit-dir", str(results)]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "keras_suite" / "run.py"), *argv],
+        env=_env(strict),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    first = proc.stdout.splitlines()[0]
+    assert first.split()[0] == "jax" and "building .venv-jax failed (pip" in first
+    assert proc.returncode == (1 if strict == "1" else 0), proc.stdout + proc.stderr
+    assert (" FAILED: " if strict == "1" else " SKIPPED: ") in first
+    # make test's table then says each suite did not run, and why.
+    for file in ("keras-suite-jax.xml", "layer-tests-jax.xml"):
+        assert summary.line(results, file, None)[1].startswith("did not run: ")
+
+
+@pytest.mark.parametrize("strict", ["1", "0"])
+def test_make_backend_venvs_stops_a_strict_run_when_a_venv_cannot_be_built(tmp_path, strict):
+    jax, torch = tmp_path / "jax", tmp_path / "torch"
+    make = ["make", "-s", "-C", str(REPO), "backend-venvs", "PYTHON=false"]
+    make += [f"JAX_VENV={jax}", f"TORCH_VENV={torch}"]  # `false -m venv` fails
+    proc = subprocess.run(make, env=_env(strict), capture_output=True, text=True, timeout=120)
+    assert (proc.returncode != 0) == (strict == "1"), proc.stderr
+    named = [line for line in proc.stderr.splitlines() if line.startswith("make backend-venvs: ")]
+    assert len(named) == 2, proc.stderr  # -k: both were tried
+    assert f"building {jax} failed" in named[0] and f"building {torch} failed" in named[1]
+    then = "a strict run stops here" if strict == "1" else "reported as SKIPPED"
+    assert all(then in line for line in named), named
+    assert (jax / ".failed").exists() and (torch / ".failed").exists()
+
+
+@pytest.mark.parametrize("strict", ["1", "0"])
+def test_make_browser_stops_a_strict_run_when_chromium_cannot_be_installed(tmp_path, strict):
+    (tmp_path / "id").symlink_to(shutil.which("id"))  # a PATH with no chromium, no apt-get
+    env = {**_env(strict), "PATH": str(tmp_path)}
+    make = [shutil.which("make"), "-s", "-C", str(REPO), "browser"]
+    proc = subprocess.run(make, env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode != 0) == (strict == "1"), proc.stderr
+    assert proc.stderr.startswith(
+        "make browser: Debian's chromium and chromium-driver are missing ("
+    ), proc.stderr
+    then = "a strict run stops here" if strict == "1" else "browser tests will skip"
+    assert then in proc.stderr.splitlines()[0]
