@@ -1,5 +1,5 @@
 """`python -m edge_demo BUNDLE_DIR ...`: the same as `keras-mha-edge`."""
 
-from .app import main
+from .app.cli import main
 
 raise SystemExit(main())

@@ -14,7 +14,7 @@ the bundle format and `keras_mha_export.cli` for the command line.
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 
-from keras_mha_edge.manifest import MODES
+from keras_mha_edge.contract.manifest import MODES
 
 from .bundle import ExportFailed, export_bundle, parse_modes
 from .convert import ConversionError

@@ -6,7 +6,7 @@
    loads the source (`source.load_source`: every array and file validated);
 2. stages the bundle in a directory beside `out`: `eval.npz`, `labels.json`,
    `[vocab.json]`, and per mode the model converted at batch 1 and its graph
-   checked; the manifest is written through `keras_mha_edge.manifest`;
+   checked; the manifest is written through `keras_mha_edge.contract.manifest`;
 3. verifies: opens the staged bundle with the device's loader and scores each
    mode with the device's code (`verify.verify_staged`);
 4. drops the modes that failed (unless `allow_parity_failure`), rewrites the
@@ -27,13 +27,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from keras_mha_edge import attention
-from keras_mha_edge.attention import AttentionReference
-from keras_mha_edge.bundle import add_file, labels_json, open_bundle
-from keras_mha_edge.command import UsageError, check_writable
-from keras_mha_edge.entries import ModeFailure, ModelEntry
-from keras_mha_edge.files import building, sha256_file
-from keras_mha_edge.manifest import MODES, EvalSpec, FileRef, Manifest
+from keras_mha_edge.contract import attention
+from keras_mha_edge.contract.attention import AttentionReference
+from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle
+from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
+from keras_mha_edge.contract.files import building, check_writable, sha256_file
+from keras_mha_edge.contract.manifest import MODES, Manifest
+from keras_mha_edge.errors import UsageError
 
 from .devices import add_devices
 from .entry import convert_mode, judge

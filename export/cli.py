@@ -20,8 +20,7 @@ import argparse
 import pathlib
 import sys
 
-from keras_mha.quiet import import_tensorflow
-from keras_mha_edge.command import Parser, run_main
+from keras_mha_edge.errors import Parser, run_main
 
 PROG = "keras-mha-export"
 
@@ -107,6 +106,8 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
+    from keras_mha.quiet import import_tensorflow  # keras_mha only past --help
+
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
     from .bundle import ExportFailed, export_bundle
     from .summary import summary_table

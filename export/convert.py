@@ -51,9 +51,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_mha import quiet
-from keras_mha.quiet import captured_output
-
 if TYPE_CHECKING:
     import keras
 
@@ -81,8 +78,10 @@ def import_tensorflow() -> types.ModuleType:
     keras_mha.layers is imported so that its layers are registered before any
     `.keras` file is loaded (docs/field_notes.md: otherwise the error is vague).
     """
+    from keras_mha import quiet  # here, not at the top: importing the package stays light
+
     tf = quiet.import_tensorflow()
-    with captured_output():
+    with quiet.captured_output():
         import keras_mha.layers  # noqa: F401  (registers the custom layers)
     return tf
 
@@ -91,6 +90,8 @@ def write_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
     """Trace `model(x, training=False)` for a batch of 1 into a SavedModel."""
     import keras
     import tensorflow as tf
+
+    from keras_mha.quiet import captured_output  # not at the top: the package stays light
 
     spec = model.inputs[0]
     signature = [tf.TensorSpec((1, *spec.shape[1:]), spec.dtype, name="inputs")]
@@ -154,6 +155,8 @@ def convert(
 def _convert_one(
     saved_model_dir: str | os.PathLike, mode: str, calibration: np.ndarray | None
 ) -> bytes:
+    from keras_mha.quiet import captured_output  # not at the top: the package stays light
+
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; expected one of {MODES}.")
     tf = import_tensorflow()

@@ -12,7 +12,7 @@ the device's `EdgeModel` and requires bit-identical raw outputs. Without
 names a file cannot be debugged (`keras-mha-edge --debug`): debug the named file.
 
 Export side (TensorFlow present); the bundle entry is
-`keras_mha_edge.deployed.DeployFile`, written by `devices.add_devices`.
+`keras_mha_edge.contract.deploy.DeployFile`, written by `devices.add_devices`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_mha_edge.runtime import EdgeModel, Runtime
+from keras_mha_edge.runtimes.model import EdgeModel
+from keras_mha_edge.runtimes.runtime import Runtime
 
 
 def _prune_buffers(model) -> None:

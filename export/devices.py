@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_mha_edge.bundle import add_file, open_bundle
-from keras_mha_edge.command import UsageError
-from keras_mha_edge.deployed import MICRO_RUNTIME, DeployFile, deploy_name
-from keras_mha_edge.entries import ModelEntry
-from keras_mha_edge.manifest import Manifest
-from keras_mha_edge.runtime import Runtime, select_runtime
+from keras_mha_edge.contract.bundle import add_file, open_bundle
+from keras_mha_edge.contract.deploy import DeployFile, deploy_name
+from keras_mha_edge.contract.entries import ModelEntry
+from keras_mha_edge.contract.manifest import Manifest
+from keras_mha_edge.errors import UsageError
+from keras_mha_edge.runtimes.runtime import MICRO_RUNTIME, Runtime, select_runtime
 
 from .deploy import deploy_bytes, verify_stripped
 
@@ -46,7 +46,7 @@ def _finite(value: float) -> float | None:
 
 def _micro_probe(micro: Runtime, content: bytes, entry: ModelEntry, x: np.ndarray) -> str:
     """An empty string if TFLM loads and invokes the deploy file in a child process, else why not."""
-    from keras_mha_edge.probe import probe_model
+    from keras_mha_edge.runtimes.probe import probe_model
 
     probe = probe_model(micro, content, deploy_name(entry.mode), entry.input.quantize(x[:1]))
     return "" if probe.ok else probe.reason
@@ -63,7 +63,7 @@ def add_devices(
 
     Writes the deploy files and the manifest (with them) into `staging`.
     """
-    from keras_mha_edge import micro as micro_module
+    from keras_mha_edge.runtimes.micro_footprint import footprint
 
     litert, micro = _runtime("litert"), _runtime(MICRO_RUNTIME)
     done: dict[str, ModelEntry] = {}
@@ -95,7 +95,7 @@ def add_devices(
     manifest(done).write(staging)
     if not runnable:
         return done
-    from keras_mha_edge.score import run_mode
+    from keras_mha_edge.runtimes.score import run_mode
 
     bundle = open_bundle(staging)
     for mode, stripped in runnable.items():
@@ -103,7 +103,7 @@ def add_devices(
         result = run_mode(bundle, mode, micro)
         sample = [entry.input.quantize(x[:1])]
         found = {
-            **micro_module.footprint(stripped, sample),
+            **footprint(stripped, sample),
             "named_flash_bytes": entry.bytes,
             "accuracy": _finite(result.accuracy),
             "agreement": _finite(result.agreement),

@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 
-from keras_mha_edge.attention import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from keras_mha_edge.attention import AttentionCheck
-from keras_mha_edge.bundle import add_file
-from keras_mha_edge.entries import ModeFailure, ModelEntry, Signature
-from keras_mha_edge.parity import default_thresholds
-from keras_mha_edge.score import ModeResult
-from keras_mha_edge.tensors import TensorSpec
+from keras_mha_edge.contract.attention import AttentionCheck
+from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from keras_mha_edge.contract.bundle import add_file
+from keras_mha_edge.contract.entries import ModeFailure, ModelEntry, Signature
+from keras_mha_edge.contract.parity import default_thresholds
+from keras_mha_edge.contract.tensors import TensorSpec
+from keras_mha_edge.runtimes.score import ModeResult
 
 from .verify import TENSORFLOW_RUNTIME
 
@@ -38,7 +38,7 @@ def convert_mode(
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
 
     The entry's thresholds are the mode's defaults for `eval_samples`
-    (`keras_mha_edge.parity.default_thresholds`).
+    (`keras_mha_edge.contract.parity.default_thresholds`).
 
     With `attention_saved_model` the model also has the attention signature
     (`convert.VIEW_SIGNATURE`), described in the entry's `signatures` and

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keras_mha_edge.arrays import EvalData, read_npz
-from keras_mha_edge.bundle import check_text_inputs
-from keras_mha_edge.command import UsageError, one_line
-from keras_mha_edge.vocab import Vocab
+from keras_mha_edge.contract.arrays import EvalData, read_npz
+from keras_mha_edge.contract.bundle import check_text_inputs
+from keras_mha_edge.contract.vocab import Vocab
+from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras
@@ -104,7 +104,9 @@ def load_keras_file(path: pathlib.Path, import_modules: tuple[str, ...] = ()) ->
         raise UsageError("does not exist" if not path.exists() else "is not a file", path)
     if not zipfile.is_zipfile(path):
         raise UsageError("cannot load it: not a .keras archive (corrupt or another format)", path)
-    from .convert import captured_output, import_tensorflow
+    from keras_mha.quiet import captured_output
+
+    from .convert import import_tensorflow
 
     import_tensorflow()  # also imports keras_mha, registering its layers
     for name in import_modules:
@@ -151,7 +153,9 @@ def _vocab_size(model: keras.Model) -> int | None:
 
 def load_run_dir(run_dir: pathlib.Path) -> Source:
     """A run directory, through `keras_mha.rundir` (which validates every file)."""
-    from .convert import captured_output, import_tensorflow
+    from keras_mha.quiet import captured_output
+
+    from .convert import import_tensorflow
 
     import_tensorflow()
     from keras_mha.rundir import read_run

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from keras_mha_edge.attention import share_cell
-from keras_mha_edge.entries import ModelEntry
-from keras_mha_edge.manifest import Manifest
+from keras_mha_edge.contract.attention_parity import share_cell
+from keras_mha_edge.contract.entries import ModelEntry
+from keras_mha_edge.contract.manifest import Manifest
 
 
 def mode_line(entry: ModelEntry, float_accuracy: float) -> str:

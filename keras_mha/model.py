@@ -24,6 +24,7 @@ import numpy as np
 
 from keras_mha.attention import MultiHeadAttention
 from keras_mha.layers import MaskedMeanPooling, PositionalEncoding, TransformerEncoderBlock
+from keras_mha_edge.contract.attention import output_name
 
 INPUT_KINDS = ("features", "tokens")
 POOLINGS = ("mean", "flatten")
@@ -195,11 +196,6 @@ def forward(model: keras.Model, x, head_masks=None, return_attention_scores=Fals
     return probs
 
 
-def attention_output_name(layer: int) -> str:
-    """Name of encoder block `layer`'s attention weights: `attention_{layer}`."""
-    return f"attention_{layer}"
-
-
 class _AttentionWeights(keras.layers.Layer):
     """Runs a classifier's layers and returns every block's attention weights.
 
@@ -213,7 +209,7 @@ class _AttentionWeights(keras.layers.Layer):
 
     def call(self, x):
         _, scores = forward(self.classifier, x, return_attention_scores=True, training=False)
-        return {attention_output_name(i): s for i, s in enumerate(scores)}  # each (B, h, T, S)
+        return {output_name(i): s for i, s in enumerate(scores)}  # each (B, h, T, S)
 
 
 def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Model:

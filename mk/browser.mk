@@ -1,7 +1,7 @@
 # browser: see the Makefile. Fragments append to TEST_PREREQS (made before the
 # main pytest run) and TEST_AFTER (targets run after it, still part of make test).
 #
-# tests/test_view.py opens the attention page (edge_demo/view.py) in headless
+# tests/test_view.py opens the attention page (edge_demo/view/page.py) in headless
 # Chromium driven by Selenium (the `test` extra) with Debian's chromium and
 # chromium-driver. `browser` installs them with apt-get when they are missing
 # and we are root. When it cannot, it says why: a strict run (CI=true or

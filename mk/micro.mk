@@ -2,7 +2,7 @@
 # main pytest run) and TEST_AFTER (targets run after it, still part of make test).
 #
 # TensorFlow Lite Micro's Python interpreter in its own TensorFlow-free venv,
-# for edge_demo/micro.py and tests/test_micro.py (KERAS_MHA_MICRO_PYTHON).
+# for edge_demo/runtimes/micro.py and tests/test_micro.py (KERAS_MHA_MICRO_PYTHON).
 MICRO_VENV := .venv-edge-micro
 MICRO_PY := $(MICRO_VENV)/bin/python
 

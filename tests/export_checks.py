@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 from edge_bundle import REPO, run_main
 
-from keras_mha_edge.files import sha256_file
+from keras_mha_edge.contract.files import sha256_file
 from keras_mha_export.cli import main
 
 TFLITE_RUNTIME_PYTHON = REPO / ".venv-edge-tflite" / "bin" / "python"

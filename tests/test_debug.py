@@ -1,4 +1,4 @@
-"""The quantization debugger (edge_demo/debug.py) on a real exported bundle.
+"""The quantization debugger (edge_demo/debug/debugger.py) on a real exported bundle.
 
 The session's digits bundle (edge_fixtures: the small trained digits run
 exported by `keras_mha_export`), float32 and int8; LiteRT runs here (it is all the
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from keras_mha_edge.debug import debug_mode, float_ops, format_debug_table
+from keras_mha_edge.debug.debugger import debug_mode, float_ops, format_debug_table
 
 SAMPLES = 40
 NUM_HEADS = 2  # conftest.make_digits_run

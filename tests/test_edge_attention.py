@@ -18,14 +18,15 @@ import numpy as np
 import pytest
 from edge_bundle import edge_python, edit_manifest, match_file, one_error_line, run_main
 
-from keras_mha_edge import attention
-from keras_mha_edge.app import main
-from keras_mha_edge.attention import DEFAULT_THRESHOLDS, AttentionThresholds
-from keras_mha_edge.bundle import open_bundle
-from keras_mha_edge.command import UsageError
-from keras_mha_edge.fields import Fields
-from keras_mha_edge.runtime import EdgeModel, select_runtime
-from keras_mha_edge.score import run_mode
+from keras_mha_edge.app.cli import main
+from keras_mha_edge.contract import attention, attention_parity
+from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS, AttentionThresholds
+from keras_mha_edge.contract.bundle import open_bundle
+from keras_mha_edge.contract.fields import Fields
+from keras_mha_edge.errors import UsageError
+from keras_mha_edge.runtimes.model import EdgeModel
+from keras_mha_edge.runtimes.runtime import select_runtime
+from keras_mha_edge.runtimes.score import run_mode
 
 pytest_plugins = ["edge_fixtures"]
 
@@ -60,7 +61,7 @@ def test_every_mode_carries_verified_attention(fixture, request):
                 assert spec.scale is not None
         figures = entry.attention.parity
         thresholds = entry.attention.thresholds
-        assert thresholds == attention.DEFAULT_THRESHOLDS[mode]
+        assert thresholds == attention_parity.DEFAULT_THRESHOLDS[mode]
         assert figures is not None and thresholds.failures(figures) == []
         assert figures.rows > 0
         # int8's tail was counted (a finite share); the other modes have none.
@@ -124,7 +125,10 @@ def test_integer_agreement_fails_when_keys_are_shifted(bundle_copy):
     _tamper_reference(bundle_copy, lambda a: {k: np.roll(v, 1, axis=-1) for k, v in a.items()})
     result = run_mode(open_bundle(bundle_copy, "int8"), "int8", select_runtime("litert"))
     assert result.attention_status == "failed"
-    assert result.attention_agreement < attention.DEFAULT_THRESHOLDS["int8"].min_argmax_agreement
+    assert (
+        result.attention_agreement
+        < attention_parity.DEFAULT_THRESHOLDS["int8"].min_argmax_agreement
+    )
     assert any("most-attended key agreement" in f for f in result.failures)
 
 
@@ -176,27 +180,27 @@ def test_measure_ignores_padding_rows_and_ties():
     dev[0, 0, 0] = [0.49, 0.51, 0.0]  # picks the tied key: agrees
     dev[0, 0, 2] = [0.0, 0.0, 1.0]  # padding: not compared
     valid = np.array([[True, True, False]])
-    figures = attention.measure([dev], [ref], valid, tie=1 / 256)
+    figures = attention_parity.measure([dev], [ref], valid, tie=1 / 256)
     assert figures.argmax_agreement == 1.0 and figures.rows == 2
     assert figures.max_abs_diff == pytest.approx(0.011)
-    assert attention.measure([dev], [ref], None, tie=1 / 256).argmax_agreement == pytest.approx(
-        2 / 3
-    )
-    assert math.isnan(attention.measure([dev * np.nan], [ref], None, 0.0).max_abs_diff)
+    assert attention_parity.measure(
+        [dev], [ref], None, tie=1 / 256
+    ).argmax_agreement == pytest.approx(2 / 3)
+    assert math.isnan(attention_parity.measure([dev * np.nan], [ref], None, 0.0).max_abs_diff)
     # The tail: valid rows with a weight off by more than `tail`.
     assert math.isnan(figures.tail_share)
-    assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.01).tail_share == 0.5
-    assert attention.measure([dev], [ref], valid, 1 / 256, tail=0.012).tail_share == 0.0
-    assert attention.measure([dev], [ref], None, 1 / 256, tail=0.01).tail_share == 2 / 3
+    assert attention_parity.measure([dev], [ref], valid, 1 / 256, tail=0.01).tail_share == 0.5
+    assert attention_parity.measure([dev], [ref], valid, 1 / 256, tail=0.012).tail_share == 0.0
+    assert attention_parity.measure([dev], [ref], None, 1 / 256, tail=0.01).tail_share == 2 / 3
     # Per layer, the worst: a deeper layer's drifting rows are not diluted
     # by a clean first layer (pooled, this would be 1 of 4).
-    clean = attention.measure([ref, dev], [ref, ref], valid, 1 / 256, tail=0.01)
+    clean = attention_parity.measure([ref, dev], [ref, ref], valid, 1 / 256, tail=0.01)
     assert clean.tail_share == 0.5 and clean.rows == 4
 
 
 def test_tail_threshold_is_a_share_of_rows():
     t = AttentionThresholds(0.8, 1 / 256, tail_abs_diff=0.25, max_tail_share=0.01)
-    figures = attention.AttentionParity(0.9, 0.001, 0.95, rows=1000, tail_share=0.01)
+    figures = attention_parity.AttentionParity(0.9, 0.001, 0.95, rows=1000, tail_share=0.01)
     assert t.failures(figures) == []
     over = t.failures(dataclasses.replace(figures, tail_share=0.011))
     assert over == ["attention rows with |Δ| > 0.25 (worst layer): 1.1 % > 1 %"]
@@ -207,9 +211,9 @@ def test_tail_threshold_is_a_share_of_rows():
         AttentionThresholds(0.8, 1 / 256, max_tail_share=0.01)
     # Figures from before the tail bound read as unknown, not as zero.
     old = {"max_abs_diff": 0.5, "mean_abs_diff": 0.001, "argmax_agreement": 0.9, "rows": 10}
-    assert math.isnan(attention.AttentionParity.from_json(old).tail_share)
+    assert math.isnan(attention_parity.AttentionParity.from_json(old).tail_share)
     # JSON allows Infinity: a row count that is not finite reads as unknown (0).
-    assert attention.AttentionParity.from_json({**old, "rows": math.inf}).rows == 0
+    assert attention_parity.AttentionParity.from_json({**old, "rows": math.inf}).rows == 0
 
 
 @pytest.mark.parametrize("mode", ["int8", "float32"])
@@ -323,7 +327,7 @@ def test_tflite_runtime_view_page(digits_bundle, app_dir, tmp_path):
     reference = open_bundle(digits_bundle).attention[0][2]
     # int8 on another runtime: within the int8 bound of the float reference.
     assert np.abs(np.array(data["device"][0]) - np.round(reference, 4)).mean() < (
-        attention.DEFAULT_THRESHOLDS["int8"].max_mean_abs_diff
+        attention_parity.DEFAULT_THRESHOLDS["int8"].max_mean_abs_diff
     )
 
 
@@ -344,7 +348,7 @@ class _NoSignatures:
 
 def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
     """The device: classification as before, attention "n/a" with a note; export: a failure."""
-    from keras_mha_edge.report import parity_table
+    from keras_mha_edge.app.report import parity_table
     from keras_mha_export.entry import judge
 
     litert = select_runtime("litert")
@@ -363,7 +367,7 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
 
 def test_the_parity_table_is_narrow_unless_asked(digits_bundle):
     """The default table fits a terminal; --wide adds latency tails, memory and thresholds."""
-    from keras_mha_edge.report import parity_table
+    from keras_mha_edge.app.report import parity_table
 
     bundle = open_bundle(digits_bundle, "float32,int8")
     results = [run_mode(bundle, mode, select_runtime("litert")) for mode in ("float32", "int8")]

@@ -22,8 +22,8 @@ import pytest
 from edge_bundle import edge_python, edit_manifest, match_model_file
 from export_checks import litert_outputs, tflite_runtime_outputs
 
-from keras_mha_edge.report import render_features
-from keras_mha_edge.runtime import RUNTIMES
+from keras_mha_edge.app.report import render_features
+from keras_mha_edge.runtimes.runtime import RUNTIMES
 
 pytest_plugins = ["edge_fixtures"]  # bundle fixtures, built once per session
 
@@ -269,7 +269,7 @@ def test_text_is_tokenized_on_the_device_and_matches_keras(text_bundle, text_run
     import keras
 
     import keras_mha  # noqa: F401  (registers the custom layers)
-    from keras_mha_edge.vocab import Vocab
+    from keras_mha_edge.contract.vocab import Vocab
 
     sentence = "The cat SAT on a zebra"
     vocab = Vocab.load(text_bundle / "vocab.json")

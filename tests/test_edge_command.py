@@ -1,4 +1,4 @@
-"""The command-line policy shared by train, export, edge and heads (keras_mha_edge.command)."""
+"""The command-line policy shared by train, export, edge and heads (keras_mha_edge.errors)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pathlib
 
 import pytest
 
-from keras_mha_edge.command import (
+from keras_mha_edge.contract.files import check_writable
+from keras_mha_edge.errors import (
     DEBUG_ENV,
     Parser,
     UsageError,
-    check_writable,
     nonnegative_int,
     positive_int,
     run_main,
@@ -130,7 +130,7 @@ def test_an_error_raised_while_unwinding_from_ctrl_c_is_the_interrupt(capsys):
 
 
 def test_building_replaces_the_target_or_leaves_nothing(tmp_path):
-    from keras_mha_edge.files import building
+    from keras_mha_edge.contract.files import building
 
     out = tmp_path / "new" / "bundle"
     with pytest.raises(KeyboardInterrupt):

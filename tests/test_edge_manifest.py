@@ -1,4 +1,4 @@
-"""manifest.json through keras_mha_edge.manifest, and docs/artifacts.md against the code."""
+"""manifest.json through keras_mha_edge.contract.manifest, and docs/artifacts.md against the code."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import re
 import pytest
 from edge_bundle import REPO, example_manifest
 
-from keras_mha_edge.attention import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from keras_mha_edge.bundle import select_modes
-from keras_mha_edge.command import UsageError
-from keras_mha_edge.entries import ModelEntry, Signature
-from keras_mha_edge.manifest import MODES, Manifest
-from keras_mha_edge.parity import default_thresholds
-from keras_mha_edge.tensors import TensorSpec
-from keras_mha_edge.vocab import Vocab
+from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from keras_mha_edge.contract.bundle import select_modes
+from keras_mha_edge.contract.entries import ModelEntry, Signature
+from keras_mha_edge.contract.manifest import MODES, Manifest
+from keras_mha_edge.contract.parity import default_thresholds
+from keras_mha_edge.contract.tensors import TensorSpec
+from keras_mha_edge.contract.vocab import Vocab
+from keras_mha_edge.errors import UsageError
 
 DOCS = REPO / "docs" / "artifacts.md"
 

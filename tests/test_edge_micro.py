@@ -17,12 +17,13 @@ import pytest
 from edge_bundle import edge_python, one_error_line, run_main
 from test_micro import micro_python
 
-from keras_mha_edge.app import main
-from keras_mha_edge.bundle import open_bundle
-from keras_mha_edge.deployed import runtime_content, runtime_entry
-from keras_mha_edge.files import sha256_file
-from keras_mha_edge.parity import default_thresholds
-from keras_mha_edge.runtime import EdgeModel, select_runtime
+from keras_mha_edge.app.cli import main
+from keras_mha_edge.contract.bundle import open_bundle
+from keras_mha_edge.contract.files import sha256_file
+from keras_mha_edge.contract.parity import default_thresholds
+from keras_mha_edge.runtimes.model import EdgeModel
+from keras_mha_edge.runtimes.policy import runtime_content, runtime_entry
+from keras_mha_edge.runtimes.runtime import select_runtime
 
 pytest_plugins = ["edge_fixtures"]
 

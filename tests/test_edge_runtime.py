@@ -11,18 +11,12 @@ import numpy as np
 import pytest
 from edge_bundle import REPO, example_manifest
 
-import keras_mha_edge
-from keras_mha_edge import runtime as runtime_mod
-from keras_mha_edge.command import UsageError
-from keras_mha_edge.runtime import (
-    RUNTIMES,
-    EdgeModel,
-    InferenceError,
-    Runtime,
-    RuntimeEntry,
-    select_runtime,
-)
-from keras_mha_edge.tensors import TensorSpec
+import keras_mha_edge.runtimes
+from keras_mha_edge.contract.tensors import TensorSpec
+from keras_mha_edge.errors import UsageError
+from keras_mha_edge.runtimes import runtime as runtime_mod
+from keras_mha_edge.runtimes.model import EdgeModel, InferenceError
+from keras_mha_edge.runtimes.runtime import RUNTIMES, Runtime, RuntimeEntry, select_runtime
 
 
 class FakeInterpreter:
@@ -109,7 +103,7 @@ def test_a_runtime_that_cannot_load_is_one_line():
 
 def test_a_third_runtime_plugs_in_as_one_entry(monkeypatch):
     """An entry whose module lives in this package (".name"), as the TFLite Micro adapter does."""
-    name = f"{keras_mha_edge.__name__}.fake_runtime_for_tests"
+    name = f"{keras_mha_edge.runtimes.__name__}.fake_runtime_for_tests"
     module = types.ModuleType(name)
     module.Interpreter = FakeInterpreter
     module.__version__ = "9.9"
@@ -143,7 +137,7 @@ ALLOWED_TOP_LEVEL = {"numpy", "ai_edge_litert", "tflite_runtime", "tflite_micro"
 
 
 def test_edge_demo_imports_only_stdlib_numpy_and_a_runtime():
-    for path in sorted((REPO / "edge_demo").glob("*.py")):
+    for path in sorted((REPO / "edge_demo").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             names = []
@@ -161,7 +155,7 @@ def test_edge_demo_imports_only_stdlib_numpy_and_a_runtime():
 
 def test_starting_the_app_imports_no_runtime_and_no_tensorflow():
     code = (
-        "import sys, edge_demo.app\n"
+        "import sys, edge_demo.app.cli\n"
         "heavy = ('tensorflow', 'keras', 'keras_mha', 'ai_edge_litert', 'tflite_runtime')\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
     )

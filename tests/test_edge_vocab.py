@@ -1,4 +1,4 @@
-"""The one Vocab (keras_mha_edge.vocab): tokenizer, batches, strict vocab.json."""
+"""The one Vocab (keras_mha_edge.contract.vocab): tokenizer, batches, strict vocab.json."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from keras_mha_edge.command import UsageError
-from keras_mha_edge.vocab import FIELDS, Vocab
+from keras_mha_edge.contract.vocab import FIELDS, Vocab
+from keras_mha_edge.errors import UsageError
 
 VALID = {
     "tokens": ["<pad>", "<unk>", "the", "cat", "sat", "don't"],

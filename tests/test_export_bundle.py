@@ -15,11 +15,11 @@ from edge_bundle import REPO
 from environment import missing
 from export_checks import NOISE, TFLITE_RUNTIME_PYTHON, litert_outputs, sha256, tflite_runtime_loads
 
-from keras_mha_edge.bundle import open_bundle
-from keras_mha_edge.manifest import MODES
-from keras_mha_edge.parity import default_thresholds
-from keras_mha_edge.runtime import select_runtime
-from keras_mha_edge.score import run_mode
+from keras_mha_edge.contract.bundle import open_bundle
+from keras_mha_edge.contract.manifest import MODES
+from keras_mha_edge.contract.parity import default_thresholds
+from keras_mha_edge.runtimes.runtime import select_runtime
+from keras_mha_edge.runtimes.score import run_mode
 from keras_mha_export.graph import read_graph
 
 FLOATS = {"float16", "float32", "float64"}

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from environment import missing
 
-from keras_mha_edge.parity import Thresholds, measure
-from keras_mha_edge.tensors import TensorSpec
+from keras_mha_edge.contract.parity import Thresholds, measure
+from keras_mha_edge.contract.tensors import TensorSpec
 
 pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
 
@@ -33,7 +33,7 @@ MODES = ("float32", "float16", "int8", "int16x8")
 _CHILD = r"""
 import importlib.util, json, sys
 import numpy as np
-from edge_demo import micro
+from edge_demo.runtimes import micro, micro_footprint
 
 report = {"tensorflow": importlib.util.find_spec("tensorflow") is not None, "modes": {}}
 inputs = np.load(sys.argv[1])
@@ -61,10 +61,10 @@ for mode in sorted({k.split("/")[0] for k in inputs.files}):
     raw[mode] = np.stack(rows)
     if mode == "int8":
         sample = [inputs[mode + "/x"][:1]]
-        arena = micro.smallest_arena(content, sample)
-        entry["footprint"] = micro.footprint(content, sample)
+        arena = micro_footprint.smallest_arena(content, sample)
+        entry["footprint"] = micro_footprint.footprint(content, sample)
         entry["runs"] = {
-            str(n): micro.runs_in(content, n, sample) for n in (arena, arena - 1, arena - 256)
+            str(n): micro_footprint.runs_in(content, n, sample) for n in (arena, arena - 1, arena - 256)
         }
 np.savez(sys.argv[2], **raw)
 print("MICRO " + json.dumps(report))
@@ -247,7 +247,7 @@ def test_smallest_arena_runs_and_a_smaller_one_fails(micro_run):
 
 def test_deploy_file_without_names_runs_bit_identical_in_tflm_and_litert(micro_run):
     """The stripped int8 file: smaller, same tensors but for names, same raw outputs."""
-    from keras_mha_edge.runtime import select_runtime
+    from keras_mha_edge.runtimes.runtime import select_runtime
     from keras_mha_export.deploy import deploy_bytes, verify_stripped
 
     named = micro_run["report"]["modes"]["int8"]

@@ -8,7 +8,7 @@ import pytest
 from keras_mha import data, train
 from keras_mha.train import memory
 from keras_mha.train.augment import shift_augment
-from keras_mha_edge.command import UsageError
+from keras_mha_edge.errors import UsageError
 
 
 def test_presets_are_valid_configs():

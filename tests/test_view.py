@@ -1,4 +1,4 @@
-"""The attention page (keras_mha_edge.view), in Python and in a real browser.
+"""The attention page (keras_mha_edge.view.page), in Python and in a real browser.
 
 The browser tests open the page in headless Chromium (Debian's chromium and
 chromium-driver, installed by `make browser`; Selenium from the `test`
@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from keras_mha_edge.view import ViewData, page_data, render_html, write_html
+from keras_mha_edge.view.page import ViewData, page_data, render_html, write_html
 
 pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
 
@@ -305,7 +305,7 @@ def test_text_page_opens_on_the_pronoun_and_says_it_was_truncated(browser, tmp_p
 def test_device_and_keras_pages_render(browser, digits_bundle, digits_run, tmp_path):
     """The page as the two commands write it: from the device's int8 model, and from Keras."""
     from keras_mha.heads.cli import main as heads_main
-    from keras_mha_edge.app import main as edge_main
+    from keras_mha_edge.app.cli import main as edge_main
 
     device, keras_page = tmp_path / "device.html", tmp_path / "keras.html"
     assert edge_main([str(digits_bundle), "--sample", "3", "--view", str(device)]) == 0

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
-from edge_demo.tensors import TensorSpec
+from edge_demo.contract.tensors import TensorSpec
 
 
 def main(bundle: pathlib.Path, out: pathlib.Path) -> int:

@@ -95,7 +95,7 @@ mount --bind /dev "$root/dev"
 app=$root/opt/app
 mkdir -p "$app/bundles" "$app/out"
 cp -r "$repo/edge_demo" "$app/edge_demo"
-rm -rf "$app/edge_demo/__pycache__"
+find "$app/edge_demo" -name __pycache__ -type d -prune -exec rm -rf {} +
 cp "$here/raw_outputs.py" "$app/"
 cp -r "$digits" "$app/bundles/digits"
 cp -r "$text_bundle" "$app/bundles/text"

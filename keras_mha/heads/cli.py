@@ -32,7 +32,7 @@ import argparse
 
 from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
 from keras_mha.quiet import import_tensorflow
-from keras_mha_edge.command import Parser, nonnegative_int, run_main
+from keras_mha_edge.errors import Parser, nonnegative_int, run_main
 
 PROG = "keras-mha-heads"
 

@@ -23,8 +23,8 @@ from keras_mha.heads.selection import pruning_curve, select_heads_to_prune
 from keras_mha.heads.statistics import cue_accuracy, paired_drop
 from keras_mha.heads.surgery import prune_model
 from keras_mha.rundir import RunWriter, check_out, read_run
-from keras_mha_edge.command import UsageError, check_writable
-from keras_mha_edge.files import write_json_atomic
+from keras_mha_edge.contract.files import check_writable, write_json_atomic
+from keras_mha_edge.errors import UsageError
 
 HEADS_DIR = "heads"
 
@@ -299,8 +299,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    """The head view page (keras_mha_edge.view) from the float Keras model."""
-    from keras_mha_edge.view import ViewData, write_html
+    """The head view page (keras_mha_edge.view.page) from the float Keras model."""
+    from keras_mha_edge.view.page import ViewData, write_html
 
     default = pathlib.Path(args.run_dir) / HEADS_DIR / f"view_sample{args.sample}.html"
     out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")

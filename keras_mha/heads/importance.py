@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from keras_mha.heads.masks import all_heads_on
-from keras_mha_edge.command import UsageError
+from keras_mha_edge.errors import UsageError
 
 SPLITS = ("train", "validation")
 

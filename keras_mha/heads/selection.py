@@ -10,7 +10,7 @@ from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.heads.masks import accuracy, all_heads_on, as_removal
 from keras_mha.heads.reconstruction import reconstruct, trace
 from keras_mha.heads.surgery import prune_model
-from keras_mha_edge.command import UsageError
+from keras_mha_edge.errors import UsageError
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig

@@ -20,9 +20,9 @@ from keras_mha.rundir.checks import (
     input_spec,
     model_config,
 )
-from keras_mha_edge import arrays
-from keras_mha_edge.command import UsageError, one_line
-from keras_mha_edge.vocab import Vocab
+from keras_mha_edge.contract import arrays
+from keras_mha_edge.contract.vocab import Vocab
+from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras

@@ -11,7 +11,7 @@ import numpy as np
 from keras_mha.train.augment import shift_augment
 from keras_mha.train.determinism import op_determinism
 from keras_mha.train.presets import TrainSettings  # noqa: TC001
-from keras_mha_edge.command import UsageError, one_line
+from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     from keras_mha import data as datasets

@@ -1,10 +1,7 @@
-"""The attention weights a bundle carries: reference, thresholds, figures (docs/artifacts.md).
+"""The attention check: a mode's attention weights against the float model's.
 
-Every mode's model has a second signature, `view`, whose outputs
-`attention_0` .. are each layer's weights `(1, h, T, S)`. Export stores the
-float Keras model's own weights for the first `samples` eval samples in
-`attention.npz` (`AttentionReference`), and each mode's entry says which
-signature to run and what it must meet (`AttentionCheck`):
+The figures (`AttentionParity`, computed by `measure`) and what a mode must
+meet (`AttentionThresholds`, export's `DEFAULT_THRESHOLDS` per mode):
 
 - `max_abs_diff`: the largest |device - reference| over every weight of
   every valid query row;
@@ -18,42 +15,27 @@ signature to run and what it must meet (`AttentionCheck`):
   itself cannot tell apart by one quantum are ties, not disagreements).
 
 A valid query row is every row, except a text model's padding positions
-(their weights attend to nothing the model uses). `measure` is the one
-implementation; the device and export's verification both call it through
-`score.run_mode`. numpy and the standard library only.
+(their weights attend to nothing the model uses: `valid_rows`). `measure` is
+the one implementation; the device and export's verification both call it
+through `runtimes/score.run_mode`. The file and the manifest's entries are
+attention.py's. numpy and the standard library only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
-import pathlib
 
 import numpy as np
 
-from .arrays import read_npz
-from .command import UsageError
 from .fields import Fields, lenient_figures
-from .files import read_inside
 
-SIGNATURE = "view"  # the models' attention signature (export/convert.py)
-FILE = "attention.npz"
-# Reference samples stored: pronouns (8 heads, 16 x 16) is 2 MB per layer in
-# float32 at 256 samples; float16 storage would round weights near 1 by
-# 2.4e-4, too coarse for float32's 1e-5 bound.
-MAX_SAMPLES = 256
 _EPS = 1e-9  # slack when comparing ratios of row counts
 
 
 def share_cell(share: float) -> str:
     """A tail share for a table: `0.24%`, `-` where it was not counted."""
     return "-" if not math.isfinite(share) else f"{100 * share:.2g}%"
-
-
-def output_name(layer: int) -> str:
-    """The signature output (and `attention.npz` array) of layer `layer`."""
-    return f"attention_{layer}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,96 +174,6 @@ DEFAULT_THRESHOLDS: dict[str, AttentionThresholds] = {
     "int8": AttentionThresholds(0.8, QUANTUM, None, 4 * QUANTUM, 64 * QUANTUM, TAIL_SHARE),
     "int16x8": AttentionThresholds(0.99, QUANTUM, 24 * QUANTUM, 1 * QUANTUM),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionCheck:
-    """A mode entry's `attention`: the signature to run, its thresholds, its figures."""
-
-    signature: str
-    thresholds: AttentionThresholds
-    parity: AttentionParity | None = None
-
-    def to_json(self) -> dict:
-        return {
-            "signature": self.signature,
-            "thresholds": self.thresholds.to_json(),
-            "parity": None if self.parity is None else self.parity.to_json(),
-        }
-
-    @classmethod
-    def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionCheck:
-        entry = fields.obj(data, key, prefix)
-        prefix = f"{prefix}{key}."
-        return cls(
-            fields.string(entry, "signature", prefix),
-            AttentionThresholds.from_json(fields, entry, "thresholds", prefix),
-            AttentionParity.from_json(entry.get("parity")),
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionReference:
-    """The manifest's `attention`: the float model's weights of eval samples 0..samples-1."""
-
-    file: str
-    sha256: str
-    samples: int
-    layers: int
-    dtype: str = "float32"
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, fields: Fields, data: dict, key: str) -> AttentionReference:
-        entry = fields.obj(data, key)
-        prefix = f"{key}."
-        dtype = fields.string(entry, "dtype", prefix)
-        if dtype != "float32":
-            raise fields.fail(prefix + "dtype", f"must be 'float32', got {dtype!r}")
-        return cls(
-            fields.filename(entry, "file", prefix),
-            fields.sha256(entry, "sha256", prefix),
-            fields.integer(entry, "samples", prefix, minimum=1),
-            fields.integer(entry, "layers", prefix, minimum=1),
-            dtype,
-        )
-
-
-def reference_bytes(weights: list[np.ndarray]) -> bytes:
-    """`attention.npz`'s bytes: `attention_i` float32 `(K, h, T, S)` per layer."""
-    buffer = io.BytesIO()
-    np.savez_compressed(
-        buffer, **{output_name(i): np.asarray(w, np.float32) for i, w in enumerate(weights)}
-    )
-    return buffer.getvalue()
-
-
-def load_reference(
-    root: pathlib.Path, ref: AttentionReference, eval_samples: int
-) -> list[np.ndarray]:
-    """`attention.npz` checked: sha256, one float32 `(samples, h, T, S)` array per layer."""
-    path = root / ref.file
-    if ref.samples > eval_samples:
-        raise UsageError(
-            f"manifest.json says {ref.samples} samples, eval.npz has {eval_samples}", path
-        )
-    names = tuple(output_name(i) for i in range(ref.layers))
-    arrays = read_npz(io.BytesIO(read_inside(root, ref.file, ref.sha256)), names, where=path)
-    weights = []
-    for name in names:
-        w = arrays[name]
-        if w.dtype != np.float32 or w.ndim != 4 or w.shape[0] != ref.samples:
-            raise UsageError(
-                f"{name} must be float32 ({ref.samples}, heads, T, S), "
-                f"got {w.dtype.name} {list(w.shape)}",
-                path,
-            )
-        if not np.isfinite(w).all():
-            raise UsageError(f"{name} has NaN or infinite values", path)
-        weights.append(w)
-    return weights
 
 
 def valid_rows(x: np.ndarray, pad_id: int | None) -> np.ndarray | None:

@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from .attention import share_cell
-from .score import ModeResult
+from ..contract.attention_parity import share_cell
+from ..runtimes.score import ModeResult
+from ..tables import format_table
 
 _RAMP = " .:-=+*#%@"  # darkest last: a digit's ink
 
@@ -18,21 +19,6 @@ def _fmt(value: float, spec: str) -> str:
         if value is None or (isinstance(value, float) and not math.isfinite(value))
         else format(value, spec)
     )
-
-
-def format_table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
-    """A plain text table, columns padded; `right` = indices of right-aligned columns."""
-    right = right or set()
-    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        padded = [
-            str(c).rjust(w) if i in right else str(c).ljust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 def _attention(r: ModeResult, cell: str) -> str:

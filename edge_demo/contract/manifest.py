@@ -1,6 +1,6 @@
 """`manifest.json`: the bundle's format, as dataclasses both sides read and write.
 
-The per-mode entries (`ModelEntry`, `Signature`, `ModeFailure`) are in entries.py.
+Its entries (`EvalSpec`, `FileRef`, `ModelEntry`, `Signature`, `ModeFailure`) are in entries.py.
 
 Numpy-free and TensorFlow-free. The exporter builds a `Manifest` and calls
 `write`; the device calls `read` (or `Manifest.from_json`), which validates
@@ -19,9 +19,9 @@ import json
 import os
 import pathlib
 
+from ..errors import UsageError
 from .attention import AttentionReference
-from .command import UsageError
-from .entries import ModeFailure, ModelEntry
+from .entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from .fields import Fields, kind
 from .files import read_inside, write_json_atomic
 
@@ -30,40 +30,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # The exporter's modes, in the order tables show them; a manifest may add others.
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSpec:
-    """The manifest's `eval` entry: eval.npz and what its arrays must be."""
-
-    file: str
-    sha256: str
-    samples: int
-    x_shape: tuple[int, ...]
-    x_dtype: str
-    num_classes: int
-    float_accuracy: float
-
-    def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "x_shape": list(self.x_shape)}
-
-
-@dataclasses.dataclass(frozen=True)
-class FileRef:
-    """A `{"file": ..., "sha256": ...}` entry (labels, vocab, the source model)."""
-
-    file: str
-    sha256: str
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, fields: Fields, data: dict, key: str) -> FileRef:
-        entry = fields.obj(data, key)
-        return cls(
-            fields.filename(entry, "file", f"{key}."), fields.sha256(entry, "sha256", f"{key}.")
-        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """`keras-mha-edge BUNDLE --sample N --view FILE.html` (or `--text "..."`): the head view page.
 
-The page (`view.write_html`) shows the device model's own attention weights
+The page (`view/page.write_html`) shows the device model's own attention weights
 (`EdgeModel.run_signature`, the entry's attention signature) for one input,
 and its prediction. For an eval sample that `attention.npz` holds, the float
 Keras model's weights and probabilities sit beside them; typed text has no
@@ -17,10 +17,12 @@ import pathlib
 
 import numpy as np
 
-from .bundle import Bundle
-from .command import UsageError, check_writable
-from .runtime import EdgeModel, InferenceError, Runtime
-from .view import ViewData, write_html
+from ..contract.bundle import Bundle
+from ..contract.files import check_writable
+from ..errors import UsageError
+from ..runtimes.model import EdgeModel, InferenceError
+from ..runtimes.runtime import Runtime
+from ..view.page import ViewData, write_html
 
 PREFERENCE = ("int8", "int16x8", "float32")
 PRONOUNS = ("it", "they", "them", "he", "she", "him", "her")

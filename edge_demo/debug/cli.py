@@ -1,4 +1,4 @@
-"""`keras-mha-edge BUNDLE --debug MODE [--sample N]`: where MODE loses accuracy (debug.py).
+"""`keras-mha-edge BUNDLE --debug MODE [--sample N]`: where MODE loses accuracy (debugger.py).
 
 Runs the bundle's float32 model and MODE's named model (never the deploy
 file: it has no tensor names) on the eval samples, or on sample N alone,
@@ -10,10 +10,10 @@ integer mode. The head count comes from the attention signature's outputs
 
 from __future__ import annotations
 
-from .bundle import Bundle, open_bundle
-from .command import UsageError
-from .manifest import Manifest
-from .runtime import RUNTIMES, select_runtime
+from ..contract.bundle import Bundle, open_bundle
+from ..contract.manifest import Manifest
+from ..errors import UsageError
+from ..runtimes.runtime import RUNTIMES, select_runtime
 
 ROWS_SHOWN = 30
 
@@ -41,7 +41,7 @@ def _num_heads(bundle: Bundle, mode: str) -> int | None:
 
 def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = "auto") -> int:
     """Print MODE's error table against float32; UsageError (exit 2) on bad input."""
-    from . import debug
+    from . import debugger
 
     check_debug_runtime(runtime_choice)
     models = Manifest.read(bundle_path).models
@@ -69,11 +69,13 @@ def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = 
         flush=True,
     )
     try:
-        rows = debug.debug_mode(
+        rows = debugger.debug_mode(
             bundle.model_bytes["float32"], bundle.model_bytes[mode], x, num_heads=heads
         )
-        floats = debug.float_ops(bundle.model_bytes[mode]) if mode in debug.INTEGER_MODES else ()
+        floats = (
+            debugger.float_ops(bundle.model_bytes[mode]) if mode in debugger.INTEGER_MODES else ()
+        )
     except ValueError as exc:
         raise UsageError(str(exc), bundle.path(bundle.manifest.models[mode].file)) from None
-    print(debug.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats))
+    print(debugger.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats))
     return 0

@@ -20,12 +20,14 @@ import sys
 
 import numpy as np
 
-from .command import UsageError
-from .entries import ModelEntry
-from .runtime import Runtime, manifest_mismatch
-from .tensors import TensorSpec
+from ..contract.entries import ModelEntry
+from ..contract.tensors import TensorSpec
+from ..errors import UsageError
+from .model import manifest_mismatch
+from .runtime import Runtime
 
 PROBE_TIMEOUT_S = 300
+_TOP_PACKAGE = __package__.split(".")[0]  # edge_demo or keras_mha_edge
 # A runtime that cannot run a valid model says one of these (an op or an op
 # version it does not have, a type a kernel does not support).
 _UNSUPPORTED = re.compile(
@@ -33,9 +35,10 @@ _UNSUPPORTED = re.compile(
     r"|builtin_code out of range|Registration failed",
     re.IGNORECASE,
 )
-# This package's parent directory: a runtime module inside the package (".micro")
-# must import in the child too, from a copied folder as from an install.
-_PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[1])
+# The directory holding edge_demo/ (or keras_mha_edge/): a runtime module inside
+# the package (".micro") must import in the child too, from a copied folder as
+# from an install. This file is edge_demo/runtimes/probe.py.
+_PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[2])
 
 # Runs in a fresh interpreter (`python -c`): standard library, numpy and the
 # runtime only, so it works from a copied folder. Model bytes arrive on stdin.
@@ -126,7 +129,7 @@ def probe_model(
     memory_limit = 2 * 1024**3 + 16 * len(content)
     sample_bytes = b"" if sample is None else np.ascontiguousarray(sample).tobytes()
     dtype = "" if sample is None else sample.dtype.name
-    inside_package = runtime.module.startswith(f"{__package__}.")
+    inside_package = runtime.module.startswith(f"{_TOP_PACKAGE}.")
     argv = [sys.executable, "-c", _PROBE_SCRIPT, runtime.module, str(memory_limit)]
     try:
         proc = subprocess.run(

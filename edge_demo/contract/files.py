@@ -7,6 +7,8 @@
 - Readers: `read_inside(root, name)` refuses a bundle file that is a symbolic
   link or resolves outside the bundle (even when its sha256 matches), then
   reads it; `tflite_problem` checks a model's header before a runtime sees it.
+- `check_writable(path, flag)`: refuse, before any work, an output path
+  nothing can be written to (every command's `--out`, `--json`, `--view`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from .command import UsageError
+from ..errors import UsageError
 
 TFLITE_IDENTIFIER = b"TFL3"
 
@@ -150,6 +152,42 @@ def building(out: str | os.PathLike) -> Iterator[pathlib.Path]:
             except OSError:
                 break
         raise
+
+
+def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path:
+    """Refuse, up front, an output path nothing can be written to.
+
+    Writers build beside the target and rename, so what must be writable is
+    the target's parent, or its nearest ancestor that exists (missing
+    directories are created later). Tries a real file there: permissions,
+    a read-only file system and a full disk are all found before any work.
+
+    Returns:
+        `path` as a Path.
+
+    Raises:
+        UsageError: naming `flag` and the path, e.g.
+            `--out /ro/bundle: cannot write in /ro (Read-only file system)`.
+    """
+    path = pathlib.Path(path)
+    where = f"{flag} {path}"
+    if path.is_symlink() and not path.exists():
+        raise UsageError("is a dangling symbolic link", where)
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        if ancestor.is_symlink():  # a dangling link on the way
+            raise UsageError(f"{ancestor} is a dangling symbolic link", where)
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UsageError(f"{ancestor} is not a directory", where)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".keras-mha-write-test-", dir=ancestor)
+    except OSError as exc:
+        raise UsageError(f"cannot write in {ancestor} ({exc.strerror or exc})", where) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return path
 
 
 def sha256_bytes(data: bytes) -> str:

@@ -18,7 +18,7 @@ debugger runs LiteRT's builtin kernels: its final outputs can differ from the
 parity run's by a quantum. A deploy file with its names stripped cannot be
 matched: debug the named file.
 
-numpy and LiteRT only; `debug_mode` is what `keras-mha-edge BUNDLE --debug MODE` runs.
+numpy and LiteRT only; `debug_mode` is what `keras-mha-edge BUNDLE --debug MODE` runs (cli.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .report import format_table
-from .tensors import TensorSpec
+from ..contract.tensors import TensorSpec
+from ..tables import format_table
 
 INTEGER_MODES = ("int8", "int16x8")
 

@@ -22,7 +22,7 @@ from typing import IO
 
 import numpy as np
 
-from .command import UsageError
+from ..errors import UsageError
 
 # A float32 softmax row sums to 1 within ~1e-6 per class; x3 or log-probs are far off.
 PROB_SUM_TOLERANCE = 1e-3

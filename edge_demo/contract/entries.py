@@ -1,4 +1,5 @@
-"""A manifest's per-mode entries: `ModelEntry` (one model file), `Signature`, `ModeFailure`.
+"""A manifest's entries: `EvalSpec` (eval.npz), `FileRef` (labels, vocab, the source
+model) and per mode `ModelEntry` (one model file), `Signature`, `ModeFailure`.
 
 Part of manifest.json's format (manifest.py reads and writes the whole).
 Fields the device relies on are validated with dotted-field messages; the
@@ -9,16 +10,46 @@ leniently.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from .attention import AttentionCheck
-from .deployed import DeployFile, micro_json
+from .deploy import DeployFile, micro_json
 from .fields import Fields, kind
 from .parity import Parity, Thresholds
 from .tensors import TensorSpec
 
-if TYPE_CHECKING:
-    from .manifest import EvalSpec
+
+@dataclasses.dataclass(frozen=True)
+class EvalSpec:
+    """The manifest's `eval` entry: eval.npz and what its arrays must be."""
+
+    file: str
+    sha256: str
+    samples: int
+    x_shape: tuple[int, ...]
+    x_dtype: str
+    num_classes: int
+    float_accuracy: float
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "x_shape": list(self.x_shape)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FileRef:
+    """A `{"file": ..., "sha256": ...}` entry (labels, vocab, the source model)."""
+
+    file: str
+    sha256: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, fields: Fields, data: dict, key: str) -> FileRef:
+        entry = fields.obj(data, key)
+        return cls(
+            fields.filename(entry, "file", f"{key}."), fields.sha256(entry, "sha256", f"{key}.")
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +100,7 @@ class ModelEntry:
     ops: dict[str, int] = dataclasses.field(default_factory=dict)
     signatures: dict[str, Signature] = dataclasses.field(default_factory=dict)
     attention: AttentionCheck | None = None  # which signature, thresholds, figures
-    deploy: DeployFile | None = None  # the stripped classifier TFLM runs (deployed.py)
+    deploy: DeployFile | None = None  # the stripped classifier TFLM runs (deploy.py)
     micro: dict = dataclasses.field(default_factory=dict)  # TFLM arena/flash bytes, or reason
     # Written by the exporter for people; the device does not rely on them.
     checks: dict[str, bool] = dataclasses.field(default_factory=dict)

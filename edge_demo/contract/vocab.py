@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from .command import UsageError
+from ..errors import UsageError
 from .files import write_json_atomic
 
 FIELDS = ("tokens", "pad_id", "unk_id", "max_length", "lowercase", "token_pattern")

@@ -1,13 +1,14 @@
-"""The command-line policy of keras-mha's four commands: train, export, edge, heads.
+"""The error policy of keras-mha's four commands: train, export, edge, heads.
 
-Standard library only, so the edge demo (no TensorFlow) and the TensorFlow
-tools share it, and `--help` answers before anything heavy is imported.
+The bottom layer of edge_demo: standard library only, importing nothing of
+this package, so the device app (no TensorFlow), the library (keras_mha) and
+the exporter share it, and `--help` answers before anything heavy is imported.
 
 - Bad input is a `UsageError`: one line on stderr, `PROG: error: ...`, exit 2.
   Argument errors (`Parser`) look the same.
 - Out of memory (`MemoryError`) is bad input too: one line, exit 2.
 - Ctrl-C: `PROG: interrupted`, exit 130. Writers build beside the target and
-  rename (`files.py`), so an interrupted command leaves nothing half-written.
+  rename (`contract/files.py`), so an interrupted command leaves nothing half-written.
 - Anything else is a bug: one line, exit 3; `KERAS_MHA_DEBUG=1` shows the
   traceback instead.
 
@@ -20,10 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import pathlib
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 
 EXIT_OK = 0
@@ -83,42 +82,6 @@ positive_int = _int_at_least(1, "a positive integer")
 positive_int.__doc__ = "argparse `type=`: an integer >= 1."
 nonnegative_int = _int_at_least(0, "an integer >= 0")
 nonnegative_int.__doc__ = "argparse `type=`: an integer >= 0 (an index, a count)."
-
-
-def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path:
-    """Refuse, up front, an output path nothing can be written to.
-
-    Writers build beside the target and rename, so what must be writable is
-    the target's parent, or its nearest ancestor that exists (missing
-    directories are created later). Tries a real file there: permissions,
-    a read-only file system and a full disk are all found before any work.
-
-    Returns:
-        `path` as a Path.
-
-    Raises:
-        UsageError: naming `flag` and the path, e.g.
-            `--out /ro/bundle: cannot write in /ro (Read-only file system)`.
-    """
-    path = pathlib.Path(path)
-    where = f"{flag} {path}"
-    if path.is_symlink() and not path.exists():
-        raise UsageError("is a dangling symbolic link", where)
-    ancestor = path.absolute().parent
-    while not ancestor.exists():
-        if ancestor.is_symlink():  # a dangling link on the way
-            raise UsageError(f"{ancestor} is a dangling symbolic link", where)
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise UsageError(f"{ancestor} is not a directory", where)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".keras-mha-write-test-", dir=ancestor)
-    except OSError as exc:
-        raise UsageError(f"cannot write in {ancestor} ({exc.strerror or exc})", where) from None
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
-    return path
 
 
 def _reconfigure_streams() -> None:

@@ -15,13 +15,15 @@ import sys
 
 import numpy as np
 
-from . import attention
-from .attention import AttentionParity, AttentionThresholds
-from .bundle import Bundle
-from .command import UsageError
-from .deployed import runtime_content, runtime_entry, uses_deploy
-from .parity import Parity, Thresholds, measure
-from .runtime import EdgeModel, InferenceError, Runtime
+from ..contract import attention_parity
+from ..contract.attention import output_name
+from ..contract.attention_parity import AttentionParity, AttentionThresholds
+from ..contract.bundle import Bundle
+from ..contract.parity import Parity, Thresholds, measure
+from ..errors import UsageError
+from .model import EdgeModel, InferenceError
+from .policy import runtime_content, runtime_entry, uses_deploy
+from .runtime import Runtime
 
 
 @dataclasses.dataclass
@@ -220,7 +222,7 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
         return found | {"attention_status": "n/a", "attention_note": str(exc)}
     finally:
         model.close()
-    names = [attention.output_name(i) for i in range(len(reference))]
+    names = [output_name(i) for i in range(len(reference))]
     missing = [n for n in names if n not in outputs]
     if missing:
         raise UsageError(
@@ -229,10 +231,10 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
             bundle.path(entry.file),
         )
     pad_id = None if bundle.vocab is None else bundle.vocab.pad_id
-    parity = attention.measure(
+    parity = attention_parity.measure(
         [outputs[n] for n in names],
         reference,
-        attention.valid_rows(bundle.eval.x[:samples], pad_id),
+        attention_parity.valid_rows(bundle.eval.x[:samples], pad_id),
         check.thresholds.argmax_tie,
         check.thresholds.tail_abs_diff,
     )

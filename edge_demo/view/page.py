@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .files import write_bytes_atomic
-from .view_page import SCRIPT, STYLE
+from ..contract.files import write_bytes_atomic
+from .assets import SCRIPT, STYLE
 
 INPUT_KINDS = ("pixels", "text")
 _DIGITS = 4  # decimals kept in the page: 1e-4 is finer than an int8 quantum (1/256)

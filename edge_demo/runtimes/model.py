@@ -1,155 +1,24 @@
-"""The TFLite runtime: which one, and the one model wrapper every caller runs through.
+"""The one model wrapper every caller runs through: `EdgeModel`.
 
-A runtime is one entry of `RUNTIMES`: the name the manifest's `runtimes` uses,
-the module whose `Interpreter(model_content=, num_threads=)` follows the
-`tf.lite.Interpreter` interface, and the package whose version is reported.
-A module name starting with "." lives in this package (`.micro`, the TFLite
-Micro adapter). `select_runtime("auto")` tries them in order, imported only then.
-
-`EdgeModel` is the model wrapper: the device's parity run, `--sample`,
-`--text`, export's verification and the benchmarks all go through it. Inputs
-are quantized and outputs dequantized with the interpreter's own
-`TensorSpec`; `run` is the one sample-by-sample loop.
+The device's parity run, `--sample`, `--text`, `--view`, export's
+verification and the benchmarks all go through it. Inputs are quantized and
+outputs dequantized with the interpreter's own `TensorSpec`; `run` is the
+one sample-by-sample loop. A model the runtime cannot load, or whose tensors
+differ from its manifest entry, is a `UsageError` naming the file; a failure
+while running a loaded model is an `InferenceError`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import importlib
-import importlib.util
 import os
-import platform
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
 
 import numpy as np
 
-from .command import UsageError
-from .entries import ModelEntry, Signature
-from .tensors import TensorSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeEntry:
-    """A runtime the demo can use: `--runtime CHOICE`."""
-
-    name: str  # as in the manifest's `runtimes`: "ai-edge-litert"
-    module: str  # has `Interpreter`; ".micro" = this package's micro.py
-    package: str  # imported to report its version
-    numpy_below_2: bool = False  # its binary wheels were built against numpy 1.x
-
-
-RUNTIMES: dict[str, RuntimeEntry] = {
-    "litert": RuntimeEntry("ai-edge-litert", "ai_edge_litert.interpreter", "ai_edge_litert"),
-    "tflite-runtime": RuntimeEntry(
-        "tflite-runtime", "tflite_runtime.interpreter", "tflite_runtime", numpy_below_2=True
-    ),
-    # Last, so `auto` never picks it; runs each mode's deploy file (deployed.py).
-    "tflite-micro": RuntimeEntry("tflite-micro", ".micro", "tflite_micro"),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Runtime:
-    """An imported runtime; `interpreter(model_content=, num_threads=)` makes an interpreter."""
-
-    name: str
-    version: str
-    module: str  # the absolute interpreter module, for the child-process probe
-    interpreter: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
-
-    def info(self) -> dict:
-        """What the report and JSON say about the runtime and its environment."""
-        return {
-            "name": self.name,
-            "version": self.version,
-            "module": self.module,
-            "numpy": np.__version__,
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-        }
-
-
-def _package_version(package: str, module: Any) -> str:
-    version = getattr(module, "__version__", None)
-    if version:
-        return str(version)
-    try:
-        from importlib import metadata
-
-        return metadata.version(package)
-    except Exception:  # metadata missing in a copied install: not worth failing for
-        return "unknown"
-
-
-def import_runtime(choice: str) -> Runtime:
-    """Import the runtime `RUNTIMES[choice]`; UsageError naming it if it cannot be."""
-    entry = RUNTIMES[choice]
-    if entry.numpy_below_2 and int(np.__version__.split(".")[0]) >= 2:
-        raise UsageError(
-            f"{entry.name} needs numpy<2 but numpy {np.__version__} is installed: "
-            "pip install -r edge_demo/requirements-tflite-runtime.txt, or use ai-edge-litert",
-            entry.name,
-        )
-    module_name = importlib.util.resolve_name(entry.module, __package__)
-    package_name = importlib.util.resolve_name(entry.package, __package__)
-    try:
-        module = importlib.import_module(module_name)
-        package = importlib.import_module(package_name)
-    except Exception as exc:  # ImportError, or a broken binary wheel
-        raise UsageError(
-            f"cannot import {module_name} ({type(exc).__name__}: {exc})", entry.name
-        ) from None
-    return Runtime(
-        entry.name, _package_version(entry.name, package), module_name, module.Interpreter
-    )
-
-
-def select_runtime(choice: str = "auto") -> Runtime:
-    """Import a runtime: a `RUNTIMES` key, or `auto` (each in order, the first that imports)."""
-    if choice in RUNTIMES:
-        return import_runtime(choice)
-    if choice != "auto":
-        raise UsageError(f"unknown runtime {choice!r} ({', '.join(RUNTIMES)}, auto)", "--runtime")
-    problems = []
-    for candidate in RUNTIMES:
-        try:
-            return import_runtime(candidate)
-        except UsageError as exc:
-            problems.append(exc.problem)
-    raise UsageError(
-        "no TFLite runtime found: pip install -r edge_demo/requirements.txt "
-        f"(ai-edge-litert), or tflite-runtime with numpy<2 [{'; '.join(problems)}]",
-        "runtime",
-    )
-
-
-@contextlib.contextmanager
-def captured_stderr() -> Iterator[list[str]]:
-    """Capture what native code writes to fd 2 (e.g. "INFO: Created ... XNNPACK").
-
-    Yields a list that holds the captured text once the block ends.
-    """
-    captured: list[str] = []
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, ValueError, AttributeError):
-        yield captured
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield captured
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            captured.append(tmp.read().decode("utf-8", "replace"))
+from ..contract.entries import ModelEntry, Signature
+from ..contract.tensors import TensorSpec
+from ..errors import UsageError
+from .runtime import Runtime, captured_stderr
 
 
 class InferenceError(Exception):

@@ -1,4 +1,4 @@
-"""The CSS and JavaScript of the attention page (edge_demo/view.py).
+"""The CSS and JavaScript of the attention page (page.py).
 
 Kept as strings so that a copied edge_demo/ folder needs no data files. The
 script reads `#attention-data` and draws:

@@ -21,12 +21,12 @@ import pathlib
 
 import numpy as np
 
+from ..errors import UsageError
 from .arrays import EvalData, check_eval, read_npz
 from .attention import load_reference
-from .command import UsageError
-from .entries import ModelEntry
+from .entries import EvalSpec, FileRef, ModelEntry
 from .files import inside, read_inside, sha256_bytes, tflite_problem, write_bytes_atomic
-from .manifest import MANIFEST, MODES, EvalSpec, FileRef, Manifest, ordered
+from .manifest import MANIFEST, MODES, Manifest, ordered
 from .vocab import Vocab
 
 

@@ -6,7 +6,7 @@ import math
 import os
 import re
 
-from .command import UsageError
+from ..errors import UsageError
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 

@@ -1,4 +1,4 @@
-"""TensorFlow Lite Micro as a tf.lite-style runtime, and what a part is sized by.
+"""TensorFlow Lite Micro as a tf.lite-style runtime.
 
 `tflite_micro.python.tflite_micro.runtime.Interpreter` (pip `tflite-micro`)
 runs a model on the microcontroller runtime's reference kernels, compiled for
@@ -7,37 +7,24 @@ outputs go by position (`set_input(a, 0)`, `get_output(0)`), tensor details
 have no index or name, and the tensor arena is a fixed size given up front.
 `Interpreter` here wraps it so that code written for LiteRT runs it unchanged
 (`model_content=`, `get_input_details()`, `set_tensor`, `invoke`,
-`get_tensor`); indices and names are read from the flatbuffer.
-
-`smallest_arena` finds, by bisection, the smallest tensor arena the model
-allocates and invokes in, each size tried in a child process (TFLM crashes on
-some too-small arenas instead of saying so); `print_allocations()`'s total is smaller than that
-(it leaves out the temporary allocations made while preparing kernels), so it
-is only reported beside it. `footprint` is what an embedded engineer sizes a
-part by: flash (the model file) and RAM (the arena). docs/field_notes.md
-(TensorFlow Lite Micro) has the measured numbers.
+`get_tensor`); indices and names are read from the flatbuffer. What a part
+is sized by (flash, the smallest arena) is micro_footprint.py's.
 
 Standard library, numpy and tflite_micro only.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import re
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 
 from .runtime import captured_stderr
 
-# Ample for the bundle's models (about 30 KB); smallest_arena finds the real need.
+# Ample for the bundle's models (about 30 KB); micro_footprint.smallest_arena
+# finds the real need.
 DEFAULT_ARENA_BYTES = 4 * 1024 * 1024
-MAX_ARENA_BYTES = 256 * 1024 * 1024  # smallest_arena gives up above this
-TRIAL_TIMEOUT_S = 120
-_TOTAL = re.compile(r"Arena allocation total (\d+) bytes")
 
 
 def _runtime() -> Any:
@@ -46,7 +33,8 @@ def _runtime() -> Any:
     return runtime
 
 
-def _schema() -> Any:
+def flatbuffer_schema() -> Any:
+    """tflite_micro's generated flatbuffer schema (`Model.GetRootAsModel`)."""
     from tflite_micro.tensorflow.lite.micro.python import schema_py_generated
 
     return schema_py_generated
@@ -73,7 +61,7 @@ def _load_error(log: str, arena_size: int) -> str:
 
 def _tensor_table(content: bytes) -> tuple[list[int], list[int], dict[int, str]]:
     """(input tensor indices, output tensor indices, index -> name) of subgraph 0."""
-    schema = _schema()
+    schema = flatbuffer_schema()
     model = schema.Model.GetRootAsModel(content, 0)
     if model.SubgraphsLength() < 1:
         raise ValueError("the model has no subgraph")
@@ -222,122 +210,3 @@ class Interpreter:
         with captured_stderr() as log:
             self._interpreter.print_allocations()
         return "".join(log)
-
-
-# One trial of an arena size, in a child process: TFLM can crash (SIGSEGV) on
-# some too-small arenas instead of reporting them, e.g. the int8 digits model at
-# 19,000 and 20,000 bytes but not at 19,500. Model bytes, then an .npz of the
-# inputs (one per model input, in order; none = zeros), arrive on stdin.
-_TRIAL = r"""
-import io, sys
-try:
-    import resource
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-except Exception:
-    pass
-import numpy as np
-from tflite_micro.python.tflite_micro import runtime
-data = sys.stdin.buffer.read()
-size = int(sys.argv[2])
-content, rest = data[:size], data[size:]
-try:
-    interpreter = runtime.Interpreter.from_bytes(content, arena_size=int(sys.argv[1]))
-    i = 0
-    while True:
-        try:
-            detail = interpreter.get_input_details(i)
-        except (IndexError, ValueError):
-            break
-        value = np.zeros(detail["shape"], detail["dtype"])
-        if rest:
-            value = np.load(io.BytesIO(rest))[f"x{i}"]
-        interpreter.set_input(value, i)
-        i += 1
-    interpreter.invoke()
-except Exception:
-    sys.exit(3)
-"""
-
-
-def runs_in(content: bytes, arena_size: int, sample: list[np.ndarray] | None = None) -> bool:
-    """True if the model allocates and invokes once in an arena of `arena_size` bytes.
-
-    Tried in a child process (a crash there is a "no"). `sample`: one value
-    per input, batch as exported; zeros by default.
-    """
-    payload = b""
-    if sample is not None:
-        buffer = io.BytesIO()
-        np.savez(buffer, **{f"x{i}": np.ascontiguousarray(v) for i, v in enumerate(sample)})
-        payload = buffer.getvalue()
-    proc = subprocess.run(
-        [sys.executable, "-c", _TRIAL, str(int(arena_size)), str(len(content))],
-        input=bytes(content) + payload,
-        capture_output=True,
-        timeout=TRIAL_TIMEOUT_S,
-        check=False,
-    )
-    return proc.returncode == 0
-
-
-def smallest_arena(model_bytes: bytes, sample: list[np.ndarray] | None = None) -> int:
-    """The smallest tensor arena (bytes) the model allocates and invokes in.
-
-    Doubles from 4 KB until the model runs, then bisects to the byte: the
-    answer runs and one byte less does not. `sample`: one value per input
-    (batch as exported); zeros by default. Raises ValueError if even
-    MAX_ARENA_BYTES is too small, with TFLM's reason.
-    """
-    hi = 4096
-    while not runs_in(model_bytes, hi, sample):
-        if hi >= MAX_ARENA_BYTES:
-            Interpreter(model_content=model_bytes, arena_size=MAX_ARENA_BYTES)  # raises: why
-            raise ValueError(f"the model does not run in TFLM with a {hi}-byte arena")
-        hi *= 2
-    lo = hi // 2 if hi > 4096 else 0  # lo fails (or is 0), hi runs
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if runs_in(model_bytes, mid, sample):
-            hi = mid
-        else:
-            lo = mid
-    return hi
-
-
-def reported_arena(model_bytes: bytes, sample: list[np.ndarray] | None = None) -> int | None:
-    """`print_allocations()`'s "Arena allocation total" after one invoke (None if absent)."""
-    interpreter = Interpreter(model_content=model_bytes)
-    details = interpreter.get_input_details()
-    if sample is None:
-        sample = [np.zeros(d["shape"], d["dtype"]) for d in details]
-    for detail, value in zip(details, sample, strict=True):
-        interpreter.set_tensor(detail["index"], value)
-    interpreter.invoke()
-    found = _TOTAL.search(interpreter.allocation_report())
-    return int(found.group(1)) if found else None
-
-
-def weight_bytes(model_bytes: bytes) -> int:
-    """Bytes of constant data (weights, biases, quantization tables) in the flatbuffer."""
-    model = _schema().Model.GetRootAsModel(model_bytes, 0)
-    total = 0
-    for i in range(model.BuffersLength()):
-        buffer = model.Buffers(i)
-        total += int(buffer.Size()) if buffer.Offset() else int(buffer.DataLength())
-    return total
-
-
-def footprint(model_bytes: bytes, sample: list[np.ndarray] | None = None) -> dict[str, int | None]:
-    """What a part is sized by: flash (the model file, kept in place) and RAM (the arena).
-
-    `flash_bytes` is the .tflite file as linked into flash (TFLM reads it in
-    place); `weight_bytes` the constant data in it, the rest being graph
-    structure and strings; `arena_bytes` from `smallest_arena`;
-    `reported_arena_bytes` what print_allocations says it used.
-    """
-    return {
-        "flash_bytes": len(model_bytes),
-        "weight_bytes": weight_bytes(model_bytes),
-        "arena_bytes": smallest_arena(model_bytes, sample),
-        "reported_arena_bytes": reported_arena(model_bytes, sample),
-    }

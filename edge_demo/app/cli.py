@@ -1,0 +1,221 @@
+"""keras-mha-edge: run an exported keras-mha bundle on the device, without TensorFlow.
+
+By default, a parity run: every eval sample through each selected mode at
+batch 1, compared with the float Keras model's softmax and the manifest's
+thresholds. `--sample N` and `--text "..."` classify one input instead;
+with `--view FILE.html` they also write the head view of one mode's
+attention weights (app/head_view.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from ..contract.bundle import Bundle, open_bundle
+from ..contract.files import check_writable
+from ..errors import (
+    DEBUG_ENV,
+    Parser,
+    UsageError,
+    nonnegative_int,
+    positive_int,
+    run_main,
+)
+from ..runtimes.runtime import RUNTIMES, select_runtime
+from .head_view import check_view_path, view_mode, write_view
+from .runs import DemoOptions, header, plan_modes, run_parity, run_sample, run_text
+
+PROG = "keras-mha-edge"
+EPILOG = f"""\
+exit codes: 0 every selected mode meets its thresholds; 1 a parity failure
+(or the runtime failed running a loaded model); 2 bad input (bundle files,
+flags, runtime), one line on stderr; 3 an internal error (set {DEBUG_ENV}=1
+for its traceback); 130 interrupted.
+Modes the runtime cannot run (tflite-runtime and dynamic-range or int16x8
+models) are skipped, not failed."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (`--help` shows the exit codes)."""
+    from .. import __version__
+
+    parser = Parser(
+        prog=PROG,
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "bundle",
+        type=pathlib.Path,
+        metavar="BUNDLE_DIR",
+        help="bundle directory (manifest.json, models, eval.npz)",
+    )
+    parser.add_argument(
+        "--quant",
+        default="all",
+        metavar="all|MODE,...",
+        help="modes to run: all (default) or e.g. float32,int8",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=("auto", *RUNTIMES),
+        default="auto",
+        help=f"TFLite runtime: auto = the first of {', '.join(RUNTIMES)} that imports (default auto)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="interpreter threads (default 1)",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="passes over eval.npz for latency (default 1)",
+    )
+    parser.add_argument(
+        "--json",
+        type=pathlib.Path,
+        dest="json_path",
+        metavar="FILE",
+        help="also write the parity report as JSON",
+    )
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="the parity table with every column: mean |Δp|, the int8 attention tail, "
+        "p90/p99 latency, load time, peak memory and the manifest's thresholds",
+    )
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--sample", type=nonnegative_int, metavar="N", help="classify eval sample N and show it"
+    )
+    what.add_argument("--text", metavar='"..."', help="classify a sentence (text bundles)")
+    parser.add_argument(
+        "--view",
+        type=pathlib.Path,
+        metavar="FILE.html",
+        help="with --sample or --text: write a head view of the attention weights "
+        "(mode: --quant MODE, default the first of int8, int16x8, float32)",
+    )
+    parser.add_argument(
+        "--debug",
+        metavar="MODE",
+        help="per tensor (and head), MODE's error against float32, worst first, on LiteRT "
+        "(all eval samples, or --sample N)",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> DemoOptions:
+    """Parse the command line into DemoOptions (a usage error exits 2, one line)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.json_path is not None and (args.sample is not None or args.text is not None):
+        parser.error("--json applies to the parity run, not to --sample or --text")
+    if args.wide and (args.sample is not None or args.text is not None):
+        parser.error("--wide applies to the parity table, not to --sample or --text")
+    if args.debug is not None:
+        for flag, value in (
+            ("--text", args.text),
+            ("--json", args.json_path),
+            ("--wide", args.wide or None),
+            ("--view", args.view),
+        ):
+            if value is not None:
+                parser.error(f"--debug cannot be combined with {flag}")
+    if args.view is not None and args.sample is None and args.text is None:
+        parser.error('--view needs --sample N or --text "..." (the input to show)')
+    return DemoOptions(
+        bundle=args.bundle,
+        quant=args.quant,
+        runtime=args.runtime,
+        threads=args.threads,
+        repeat=args.repeat,
+        json_path=args.json_path,
+        wide=args.wide,
+        sample=args.sample,
+        text=args.text,
+        view=args.view,
+        debug=args.debug,
+    )
+
+
+# --- what runs ------------------------------------------------------------------
+
+
+def _check_request(bundle: Bundle, options: DemoOptions) -> None:
+    """Flags that depend on the bundle, checked before any runtime is imported."""
+    samples = bundle.manifest.eval.samples
+    if options.sample is not None and options.sample >= samples:
+        raise UsageError(
+            f"{options.sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
+        )
+    if options.text is not None and bundle.vocab is None:
+        raise UsageError(
+            f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
+            f'"vocab": null (dataset {bundle.manifest.dataset!r})',
+            "--text",
+        )
+    if options.json_path is not None:
+        if options.json_path.is_dir():
+            raise UsageError(f"{options.json_path} is a directory", "--json")
+        check_writable(options.json_path, "--json")
+    if options.view is not None:
+        check_view_path(options.view)
+        if options.runtime == "tflite-micro":  # it runs deploy files: no attention signature
+            raise UsageError("needs the attention signature; use --runtime litert", "--view")
+
+
+def run(options: DemoOptions) -> int:
+    """Validate the bundle, import the runtime, probe the models, run."""
+    if options.debug is not None:
+        from ..debug.cli import run_debug
+
+        return run_debug(options.bundle, options.debug, options.sample, options.runtime)
+    bundle = open_bundle(options.bundle, options.quant)
+    _check_request(bundle, options)
+    runtime = select_runtime(options.runtime)
+    print(header(bundle, runtime, options), flush=True)
+    for mode in bundle.modes:
+        if bundle.manifest.models[mode].verified is False:
+            print(f"note: manifest.json marks {mode} as not verified at export")
+    plan = plan_modes(bundle, runtime)
+    if options.view is not None:
+        view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
+    if options.text is not None:
+        code, x, dropped = run_text(bundle, runtime, options, plan)
+    elif options.sample is not None:
+        code, x, dropped = run_sample(bundle, runtime, options, plan), None, ()
+    else:
+        return run_parity(bundle, runtime, options, plan)
+    if options.view is not None:
+        mode = view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])
+        notes = write_view(
+            bundle,
+            runtime,
+            mode,
+            bundle.eval.x[options.sample] if x is None else x,
+            options.view,
+            threads=options.threads,
+            sample=options.sample,
+            text=options.text,
+            dropped=dropped,
+        )
+        print(f"wrote {options.view} ({'; '.join(notes)})")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script: one line and exit 2 for bad input, never a traceback."""
+    return run_main(PROG, lambda: run(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

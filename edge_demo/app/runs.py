@@ -1,0 +1,211 @@
+"""What `keras-mha-edge` runs once the bundle is open and the runtime imported.
+
+`plan_modes` probes each selected mode (skipped, or runnable); then the
+parity run (`run_parity`: the table, optional JSON), `--sample N`
+(`run_sample`) or `--text "..."` (`run_text`). cli.py parses the command
+line and chooses; report.py formats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from ..contract.bundle import Bundle
+from ..contract.files import write_json_atomic
+from ..errors import UsageError
+from ..runtimes.model import EdgeModel, InferenceError
+from ..runtimes.policy import runtime_content, runtime_entry
+from ..runtimes.probe import probe_model
+from ..runtimes.runtime import MICRO_RUNTIME, Runtime
+from ..runtimes.score import ModeResult, run_mode
+from .report import parity_table, prediction_table, render_features
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    """The command line, parsed."""
+
+    bundle: pathlib.Path
+    quant: str | None = None  # None or "all" = every mode in the manifest
+    runtime: str = "auto"  # "auto" | "litert" | "tflite-runtime"
+    threads: int = 1
+    repeat: int = 1
+    json_path: pathlib.Path | None = None
+    wide: bool = False  # the parity table with every column
+    sample: int | None = None
+    text: str | None = None
+    view: pathlib.Path | None = None
+    debug: str | None = None  # --debug MODE (debug/cli.py)
+
+
+def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]:
+    """Each selected mode -> None (runnable) or a skipped ModeResult.
+
+    Skips a mode the manifest says this runtime cannot load, or one the runtime
+    refuses in the child-process probe for lack of an op or kernel. A model
+    that crashes or is rejected otherwise raises UsageError.
+    """
+    plan: dict[str, ModeResult | None] = {}
+    for mode in bundle.modes:
+        entry = bundle.manifest.models[mode]
+        if entry.runtimes.get(runtime.name) is False:
+            reason = f"manifest.json says {runtime.name} cannot run {entry.file}"
+            why = entry.micro.get("reason") if runtime.name == MICRO_RUNTIME else None
+            plan[mode] = ModeResult(mode, "skipped", reason=f"{reason}: {why}" if why else reason)
+            continue
+        entry = runtime_entry(entry, runtime)  # TFLM: the deploy file
+        try:  # the first eval sample, as the manifest says the model takes it
+            sample = entry.input.quantize(bundle.eval.x[:1])
+        except ValueError as exc:
+            raise UsageError(f"models.{mode}.input: {exc}", bundle.path("manifest.json")) from None
+        content = runtime_content(bundle, mode, runtime)
+        probe = probe_model(runtime, content, bundle.path(entry.file), sample)
+        if probe.ok:
+            probe.check_manifest(entry, bundle.path(entry.file))
+        plan[mode] = None if probe.ok else ModeResult(mode, "skipped", reason=probe.reason)
+    if all(result is not None for result in plan.values()):
+        reasons = "; ".join(f"{m}: {r.reason}" for m, r in plan.items() if r is not None)
+        raise UsageError(f"none of the selected modes can run here ({reasons})", runtime.name)
+    return plan
+
+
+def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
+    m = bundle.manifest
+    info = runtime.info()
+    return (
+        f"bundle   {bundle.root} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
+        f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f})\n"
+        f"runtime  {info['name']} {info['version']} ({info['module']}), numpy {info['numpy']}, "
+        f"Python {info['python']} {info['machine']}; threads {options.threads}, repeat {options.repeat}"
+    )
+
+
+def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
+    """The default run: the table, optional JSON; 0 all pass, 1 a failure."""
+    results = [
+        skipped or run_mode(bundle, mode, runtime, options.threads, options.repeat)
+        for mode, skipped in plan.items()
+    ]
+    print()
+    print(parity_table(results, wide=options.wide))
+    ran = [r for r in results if r.status != "skipped"]
+    failed = [r.mode for r in ran if not r.passed]
+    skipped = len(results) - len(ran)
+    tail = f", {skipped} skipped" if skipped else ""
+    print()
+    if failed:
+        print(
+            f"FAIL: {', '.join(failed)} miss(es) the manifest's thresholds ({len(ran)} run{tail})"
+        )
+    else:
+        print(f"PASS: {len(ran)} of {len(ran)} modes run meet the manifest's thresholds{tail}")
+    code = 1 if failed else 0
+    if options.json_path is not None:
+        info = runtime.info() | {"threads": options.threads, "repeat": options.repeat}
+        write_json_atomic(
+            options.json_path,
+            {
+                "runtime": info,
+                "bundle": {
+                    "path": str(bundle.root.resolve()),
+                    "dataset": bundle.manifest.dataset,
+                    "samples": bundle.manifest.eval.samples,
+                    "float_accuracy": bundle.manifest.eval.float_accuracy,
+                    "created_by": bundle.manifest.created_by,
+                },
+                "modes": {r.mode: r.to_json() for r in results},
+                "passed": not failed,
+                "exit_code": code,
+            },
+        )
+        print(f"wrote {options.json_path}")
+    return code
+
+
+def _classify(
+    bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict, x
+) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(mode, prediction, confidence) rows for one input `x`, and notes on errors."""
+    rows, errors = [], []
+    for mode, skipped in plan.items():
+        if skipped is not None:
+            rows.append((mode, "skipped", "-"))
+            continue
+        entry = runtime_entry(bundle.manifest.models[mode], runtime)
+        model = EdgeModel(
+            runtime,
+            runtime_content(bundle, mode, runtime),
+            options.threads,
+            str(bundle.path(entry.file)),
+        )
+        try:
+            model.check_manifest(entry)
+            probs = model.predict(x[None])[0]
+        except InferenceError as exc:
+            rows.append((mode, "error", "-"))
+            errors.append(f"{mode}: error: {exc}")
+            continue
+        finally:
+            model.close()
+        best = int(probs.argmax())
+        rows.append((mode, bundle.labels[best], f"{probs[best]:.4f}"))
+    return rows, errors
+
+
+def _skip_notes(plan: dict) -> list[str]:
+    return [f"{mode}: skipped: {r.reason}" for mode, r in plan.items() if r is not None]
+
+
+def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
+    """`--sample N`: show eval sample N, its label and each mode's prediction."""
+    i = options.sample
+    x, label, reference = bundle.eval.x[i], int(bundle.eval.y[i]), bundle.eval.probs[i]
+    print(
+        f"\nsample {i} of {bundle.manifest.eval.samples} in eval.npz: label {bundle.labels[label]!r}"
+    )
+    if bundle.vocab is not None:
+        print(f'text: "{" ".join(bundle.vocab.decode(x))}"')
+    else:
+        print(render_features(x))
+    best = int(reference.argmax())
+    rows = [("keras (float reference)", bundle.labels[best], f"{reference[best]:.4f}")]
+    predictions, errors = _classify(bundle, runtime, options, plan, x)
+    print(prediction_table(rows + predictions))
+    for note in _skip_notes(plan) + errors:
+        print(note)
+    return 1 if errors else 0
+
+
+def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> tuple:
+    """`--text "..."`: tokenize with vocab.json and classify in each mode.
+
+    Returns (exit code, the model input ids, the words cut off by max_length).
+    """
+    vocab = bundle.vocab
+    encoded = vocab.analyze(options.text)
+    if not encoded.words:
+        raise UsageError(
+            f"no words found in {options.text!r} (token_pattern {vocab.token_pattern!r})", "--text"
+        )
+    print(f'\ntext: "{options.text}"')
+    notes = []
+    if encoded.unknown:
+        notes.append(f"unknown to the vocabulary: {', '.join(sorted(set(encoded.unknown)))}")
+    if encoded.truncated:
+        notes.append(f"truncated to max_length {vocab.max_length} of {len(encoded.words)} tokens")
+    print(
+        f"model input: {' '.join(vocab.decode(encoded.ids))!r} = {encoded.ids.tolist()}"
+        + (f" ({'; '.join(notes)})" if notes else "")
+    )
+    predictions, errors = _classify(bundle, runtime, options, plan, encoded.ids)
+    print(prediction_table(predictions))
+    if len(encoded.unknown) == len(encoded.words):
+        print(
+            "note: every word is unknown to the vocabulary, so the model saw only "
+            f"{vocab.tokens[vocab.unk_id]!r} tokens: the prediction says nothing about this text"
+        )
+    for note in _skip_notes(plan) + errors:
+        print(note)
+    dropped = tuple(encoded.words[vocab.max_length :])
+    return (1 if errors else 0), encoded.ids, dropped

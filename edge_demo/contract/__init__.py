@@ -1,0 +1,15 @@
+"""The bundle contract: the files a bundle holds and what each must be (docs/artifacts.md).
+
+What the exporter writes and the device reads, one definition each: `manifest`
+and `entries` (manifest.json as dataclasses), `deploy` (a mode's deploy file),
+`tensors` (TensorSpec, the one quantize / dequantize), `parity` and
+`attention_parity` (figures, thresholds, the one threshold check), `attention`
+(attention.npz, the attention output names), `vocab` (vocab.json, the one
+Vocab), `arrays` (eval.npz and calibration checks), `files` (atomic writes,
+in-bundle reads, `check_writable`), `fields` (typed JSON access) and `bundle`
+(`open_bundle`: a bundle's files opened and checked).
+
+numpy and the standard library only. Imports nothing of this package but
+`errors`: no runtime, no app. The library (keras_mha) and the exporter may
+import these modules.
+"""

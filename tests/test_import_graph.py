@@ -1,0 +1,295 @@
+"""edge_demo's import graph: one way and without a cycle; the library imports only its contract.
+
+Every module under edge_demo/ is parsed (ast) for every import it makes:
+module-level, inside functions and under `if TYPE_CHECKING:` alike, since a
+hidden import is still a dependency (issue 20: bundle -> manifest -> entries
+-> deployed ⇢ bundle was hidden that way). The layers, bottom first:
+
+    errors, tables   standard library only; import nothing of edge_demo
+    contract         the bundle format: imports errors
+    runtimes         imports contract, errors
+    view             the head view page: imports contract, errors
+    debug            imports runtimes, contract, tables, errors
+    app              the command line: may import everything; nothing imports it
+                     but __main__
+
+keras_mha (the library) may import from keras_mha_edge only `errors`,
+`contract.*` and the head view page (`view.page`, which `keras-mha-heads view`
+writes); never the runtimes or the app. The exporter also imports `runtimes.*`:
+it verifies a bundle with the device's own code (`runtimes.score.run_mode`).
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import pathlib
+import re
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+EDGE = REPO / "edge_demo"
+TOP = "edge_demo"
+INSTALLED = "keras_mha_edge"  # setup.cfg's package_dir: keras_mha_edge = edge_demo
+
+# layer -> the layers its modules may import ("" is the package's __init__.py).
+ALLOWED = {
+    "": set(),
+    "errors": set(),
+    "tables": set(),
+    "contract": {"errors", "contract"},
+    "runtimes": {"errors", "contract", "runtimes"},
+    "view": {"errors", "contract", "view"},
+    "debug": {"errors", "tables", "contract", "runtimes", "debug"},
+    "app": {"", "errors", "tables", "contract", "runtimes", "view", "debug", "app"},
+    "__main__": {"app"},
+}
+# What each importer outside edge_demo may import from keras_mha_edge, by
+# dotted prefix below the package.
+OUTSIDE = {
+    "keras_mha": ("errors", "contract", "view.page"),
+    "export": ("errors", "contract", "runtimes"),
+}
+FORBIDDEN_TOP_LEVEL = {"tensorflow", "tf_keras", "keras", "keras_mha", "keras_mha_export", "export"}
+
+
+def _module_name(path: pathlib.Path, root: pathlib.Path, top: str) -> str:
+    parts = [top, *path.relative_to(root).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _python_files(root: pathlib.Path) -> list[pathlib.Path]:
+    return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+MODULES = {_module_name(p, EDGE, TOP): p for p in _python_files(EDGE)}
+
+
+def imports_of(
+    source: str, module: str, is_package: bool, where: str = "<source>"
+) -> list[tuple[int, str, bool]]:
+    """Every import in `source`, anywhere in it: (line, absolute module, relative?).
+
+    `from X import name` counts as an import of `X.name` when that is a module
+    of edge_demo (a submodule), else of `X`.
+    """
+    found = []
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name, False) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}"
+                named = _edge_name(candidate)
+                found.append(
+                    (node.lineno, candidate if named in MODULES else target, node.level > 0)
+                )
+    return found
+
+
+def _edge_name(name: str) -> str:
+    """`keras_mha_edge.x` as the edge_demo module it names."""
+    head, _, rest = name.partition(".")
+    if head == INSTALLED:
+        return f"{TOP}.{rest}" if rest else TOP
+    return name
+
+
+def layer(module: str) -> str:
+    """`edge_demo.contract.files` -> "contract"; the package's __init__ -> ""."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def edge_graph() -> dict[str, dict[str, int]]:
+    """edge_demo module -> {edge_demo module it imports: first line}."""
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in MODULES.items():
+        targets = graph.setdefault(name, {})
+        is_package = path.name == "__init__.py"
+        for line, target, _ in imports_of(path.read_text(), name, is_package, str(path)):
+            target = _edge_name(target)
+            if target == TOP or target.startswith(f"{TOP}."):
+                while target not in MODULES:  # a name inside a module: the module
+                    target = target.rsplit(".", 1)[0]
+                if target != name:
+                    targets.setdefault(target, line)
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, int]] | dict[str, set[str]]) -> list[str] | None:
+    """One cycle of `graph` as [a, b, ..., a], or None if it has none."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
+    steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(cycle, cycle[1:], strict=False)]
+    return "import cycle in edge_demo: " + "; ".join(steps)
+
+
+# --- the tests -------------------------------------------------------------------
+
+
+def test_the_parser_sees_hidden_imports_and_the_finder_their_cycle():
+    """The old cycle, hidden by a function-level and a TYPE_CHECKING import, is found."""
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from ..errors import UsageError\n"
+        "if TYPE_CHECKING:\n"
+        "    from .runtime import Runtime\n"
+        "def content():\n"
+        "    from .bundle import read_model\n"
+    )
+    found = imports_of(source, "edge_demo.contract.deployed", is_package=False)
+    assert [target for _, target, _ in found] == [
+        "typing",
+        "edge_demo.errors",
+        "edge_demo.contract.runtime",
+        "edge_demo.contract.bundle",
+    ]
+    old = {"bundle": {"manifest"}, "manifest": {"entries"}, "entries": {"deployed"}}
+    assert find_cycle(old) is None
+    old["deployed"] = {"bundle"}
+    assert find_cycle(old) == ["bundle", "manifest", "entries", "deployed", "bundle"]
+
+
+def test_edge_demo_has_no_import_cycle():
+    graph = edge_graph()
+    assert len(graph) == len(MODULES) > 20
+    cycle = find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph)
+
+
+def test_every_module_is_in_a_layer():
+    unknown = sorted(name for name in MODULES if layer(name) not in ALLOWED)
+    assert not unknown, f"modules in no layer of ALLOWED (add the layer, or move them): {unknown}"
+
+
+def test_imports_flow_one_way():
+    """Each layer imports only the layers below it; nothing imports the app but __main__."""
+    wrong = [
+        f"{MODULES[a].relative_to(REPO)}:{line} imports {b}"
+        for a, targets in edge_graph().items()
+        for b, line in targets.items()
+        if layer(b) not in ALLOWED[layer(a)]
+    ]
+    assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
+
+
+def test_edge_demo_imports_itself_relatively_and_never_tensorflow():
+    """Relative imports inside the package (it runs as edge_demo and as keras_mha_edge);
+    no tensorflow, keras or keras_mha anywhere, not even inside a function."""
+    wrong = []
+    for name, path in MODULES.items():
+        is_package = path.name == "__init__.py"
+        for line, target, relative in imports_of(path.read_text(), name, is_package, str(path)):
+            top = target.split(".")[0]
+            where = f"{path.relative_to(REPO)}:{line}"
+            if top in (TOP, INSTALLED) and not relative:
+                wrong.append(f"{where}: absolute import of {target}; use a relative import")
+            if top in FORBIDDEN_TOP_LEVEL:
+                wrong.append(f"{where}: imports {target}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("importer", sorted(OUTSIDE))
+def test_the_library_and_the_exporter_import_only_what_they_may(importer):
+    """keras_mha: errors, contract and the head view page; export also the runtimes."""
+    root = REPO / importer
+    top = "keras_mha_export" if importer == "export" else importer
+    allowed = OUTSIDE[importer]
+    seen, wrong = set(), []
+    for path in _python_files(root):
+        name = _module_name(path, root, top)
+        for line, target, _ in imports_of(path.read_text(), name, path.name == "__init__.py"):
+            target = _edge_name(target)
+            if target != TOP and not target.startswith(f"{TOP}."):
+                continue
+            below = target[len(TOP) + 1 :]
+            seen.add(below)
+            if not any(below == a or below.startswith(f"{a}.") for a in allowed):
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {INSTALLED}.{below or ''}")
+    assert not wrong, f"{importer} may import only {allowed} from {INSTALLED}:\n" + "\n".join(wrong)
+    assert seen, f"{importer} imports nothing from {INSTALLED}: is the test looking right?"
+
+
+def test_setup_cfg_installs_every_sub_package():
+    """A sub-package left out of setup.cfg's `packages` is missing from a wheel."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    packages = set(config["options"]["packages"].split())
+    wanted = {
+        name.replace(TOP, INSTALLED, 1)
+        for name, path in MODULES.items()
+        if path.name == "__init__.py"
+    }
+    assert wanted <= packages, (
+        f"missing from setup.cfg [options] packages: {sorted(wanted - packages)}"
+    )
+    folders = {p.parent for p in MODULES.values()}
+    assert all((folder / "__init__.py").is_file() for folder in folders)
+    scripts = config["options.entry_points"]["console_scripts"]
+    (target,) = [
+        line.split("=", 1)[1].strip() for line in scripts.split("\n") if "keras-mha-edge" in line
+    ]
+    module, _, function = target.partition(":")
+    assert _edge_name(module) in MODULES, target
+    assert f"def {function}(" in MODULES[_edge_name(module)].read_text()
+
+
+_PATH = re.compile(r"\bedge_demo/[\w/]*\w\.py\b")
+_DOTTED = re.compile(r"\bkeras_mha_edge(?:\.\w+)+")
+
+
+def test_module_paths_named_in_docs_and_docstrings_exist():
+    """`edge_demo/x/y.py` and `keras_mha_edge.x.y[.name]` in docs and code name what exists."""
+    texts = [*(REPO / "docs").glob("*.md"), EDGE / "README.md", REPO / "README.md"]
+    for folder in ("edge_demo", "export", "keras_mha", "tests", "benchmarks", ".ci"):
+        texts.extend(p for p in _python_files(REPO / folder) if p != pathlib.Path(__file__))
+    wrong = []
+    for path in texts:
+        text = path.read_text(encoding="utf-8")
+        for match in _PATH.finditer(text):
+            if not (REPO / match.group()).is_file():
+                wrong.append(f"{path.relative_to(REPO)}: {match.group()}")
+        for match in _DOTTED.finditer(text):
+            name = _edge_name(match.group())
+            module = name
+            while module not in MODULES and "." in module:
+                module = module.rsplit(".", 1)[0]
+            rest = name[len(module) + 1 :].split(".") if name != module else []
+            if not rest or rest[0].startswith("__"):
+                continue
+            pattern = rf"^(?:def |class |)({re.escape(rest[0])})\b"
+            if module == TOP or not re.search(pattern, MODULES[module].read_text(), re.MULTILINE):
+                wrong.append(f"{path.relative_to(REPO)}: {match.group()}")
+    assert not wrong, "names of modules that do not exist:\n" + "\n".join(sorted(set(wrong)))
