@@ -1,21 +1,20 @@
 """keras-mha: multi-head attention as the lesson writes it, ready for the edge.
 
 The names below load on first use (PEP 562), so that `python -m
-keras_mha.train --help` answers without importing Keras and TensorFlow.
-`from keras_mha import MultiHeadAttention` (or any other name below) imports
-Keras and registers all of the package's layers for `keras.saving.load_model`; a bare
-`import keras_mha` does not, so import a name (or `keras_mha.layers`) before
-loading a `.keras` file.
+keras_mha.train --help` answers without importing Keras and TensorFlow, and
+importing the package changes nothing in the process (its environment
+included). A `.keras` file with the package's layers still loads after a bare
+`import keras_mha`: the layers are registered for `keras.saving.load_model`
+as soon as Keras is imported, now if it already is, or else right after the
+`import keras` that loads it (`_RegisterOnKerasImport`).
 """
 
 from __future__ import annotations
 
 import importlib
-import os as _os
+import importlib.abc
 import sys as _sys
-
-# Before anything imports TensorFlow: its C++ start-up logs go to stderr.
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import warnings as _warnings
 
 __version__ = "0.1.0"
 
@@ -46,5 +45,75 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-if "keras" in _sys.modules:  # Keras is loaded already: register the layers now
+def _register_layers() -> None:
+    """Import keras_mha.layers: its classes (and MultiHeadAttention's)
+    register themselves with `keras.saving.register_keras_serializable`."""
     importlib.import_module("keras_mha.layers")
+
+
+class _LoaderThenRegister(importlib.abc.Loader):
+    """The `keras` module's own loader, registering our layers once it has
+    run; anything else (resources, source) is the wrapped loader's."""
+
+    def __init__(self, loader, spec, hook):
+        self._loader, self._spec, self._hook = loader, spec, hook
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        # keras is complete: put its own loader back, then register.
+        self._spec.loader = self._loader
+        module.__loader__ = self._loader
+        self._hook.remove()
+        try:
+            _register_layers()
+        except Exception as exc:  # never break `import keras` for the user
+            _warnings.warn(
+                f"keras_mha could not register its layers with Keras ({exc!r}); "
+                "import keras_mha.layers before loading a .keras file with them.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    def __getattr__(self, name):
+        if name.startswith("_"):  # ours (not yet set while copying), never the loader's
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+class _RegisterOnKerasImport(importlib.abc.MetaPathFinder):
+    """A post-import hook for the top-level `keras` module.
+
+    Sits first in `sys.meta_path`; for `keras` it asks the finders after it
+    for the real spec and wraps its loader (`_LoaderThenRegister`), so that
+    right after `keras` finishes importing, `keras_mha.layers` is imported.
+    It then leaves `sys.meta_path`. A spec only looked up
+    (`importlib.util.find_spec("keras")`) and never loaded leaves it in place.
+    """
+
+    keras_mha_hook = True  # one hook, even if this module is imported afresh
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "keras":
+            return None
+        for finder in list(_sys.meta_path):
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _LoaderThenRegister(spec.loader, spec, self)
+                return spec
+        return None
+
+    def remove(self) -> None:
+        while self in _sys.meta_path:
+            _sys.meta_path.remove(self)
+
+
+if "keras" in _sys.modules:  # Keras is loaded already: register the layers now
+    _register_layers()
+elif not any(getattr(f, "keras_mha_hook", False) for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _RegisterOnKerasImport())

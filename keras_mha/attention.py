@@ -23,22 +23,15 @@ import keras
 from keras import ops
 
 from keras_mha.attention_axes import causal_mask, inverse_sqrt, sliding_window_mask
-from keras_mha.attention_base import IMPLEMENTATIONS, MultiHeadAttentionBase
+from keras_mha.attention_base import (
+    IMPLEMENTATIONS,
+    MultiHeadAttentionBase,
+    get_keras_mask,
+    resolve_inputs,
+    set_keras_mask,
+)
 
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
-
-try:  # The mask a tensor carries (Embedding(mask_zero=True), Masking, ...).
-    from keras.src.backend import get_keras_mask as _get_keras_mask
-    from keras.src.backend import set_keras_mask as _set_keras_mask
-except ImportError:  # pragma: no cover - older/newer layouts
-
-    def _get_keras_mask(x):
-        return getattr(x, "_keras_mask", None)
-
-    def _set_keras_mask(x, mask):
-        if mask is None and hasattr(x, "_keras_mask"):
-            del x._keras_mask
-
 
 # Masked scores sit this far below the row's smallest score (see _masked_softmax).
 _MASK_MARGIN = 16.0
@@ -115,6 +108,13 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         query: `(B, T, d_query)` (or `(B, <dims>, d_query)`).
         value: `(B, S, d_value)`; `None` means self-attention (`value=query`).
         key: `(B, S, d_key)`; defaults to `value`.
+        query_mask, value_mask, key_mask: Boolean `(B, T)` / `(B, S)`, `True`
+            for a real position, as in Keras: a query row, a value or key
+            column. Each defaults to the mask its tensor carries; one given
+            is used even when its tensor is omitted (`mha(x, key_mask=m)`,
+            `mha(x, value_mask=m)`). Unlike Keras 3.15, which reads only the
+            query's carried mask, an explicit `query_mask` is used. They need
+            attention over the last axis before the features.
         attention_mask: Boolean, `True` means "may attend": `(B, T, S)`,
             `(T, S)` or `(B, h, T, S)`, broadcast as Keras does. Combined
             with the Keras masks the inputs carry (`Embedding(mask_zero=True)`),
@@ -156,11 +156,13 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         use_causal_mask=False,
         head_mask=None,
     ):
-        query, value, key, masks = self._inputs(query, value, key, query_mask, value_mask, key_mask)
+        query, value, key, masks = resolve_inputs(
+            query, value, key, query_mask, value_mask, key_mask
+        )
         # As Keras's layer does: the masks are used here, so the projections
         # are not handed masked tensors (they would warn that they drop them).
         for x in (query, value, key):
-            _set_keras_mask(x, None)
+            set_keras_mask(x, None)
         output, scores = self._attend(
             query,
             value,
@@ -198,16 +200,17 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         after pruning.
         """
         self._require_built("concat_heads")
-        tensors = [query, value, key]
-        masks = [query_mask, value_mask, key_mask]
-        for i, x in enumerate(tensors):
-            if x is not None:
-                masks[i] = masks[i] if masks[i] is not None else _get_keras_mask(x)
-                x = ops.cast(x, self.compute_dtype)
+        # The masks as a call reads them (Keras's `__call__` fills in the
+        # carried ones there; a plain method reads them itself).
+        *tensors, masks = resolve_inputs(query, value, key, query_mask, value_mask, key_mask)
+        plain = {}
+        for x in tensors:
+            if id(x) not in plain:
+                y = ops.cast(x, self.compute_dtype)
                 # A copy without the mask (used here, as in `call`), leaving the
                 # caller's tensor as it was: the projections would warn of it.
-                tensors[i] = ops.copy(x) if _get_keras_mask(x) is not None else x
-        query, value, key, masks = self._inputs(*tensors, *masks)
+                plain[id(x)] = ops.copy(y) if get_keras_mask(y) is not None else y
+        query, value, key = (plain[id(x)] for x in tensors)
         concat, _ = self._attend(
             query,
             value,
@@ -222,16 +225,6 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         )
         return concat
 
-    def _inputs(self, query, value, key, query_mask, value_mask, key_mask):
-        if query_mask is None:
-            # Keras fills `<arg>_mask` only when several tensors are passed.
-            query_mask = _get_keras_mask(query)
-        if value is None:
-            value, value_mask = query, query_mask
-        if key is None:
-            key, key_mask = value, value_mask
-        return query, value, key, (query_mask, value_mask, key_mask)
-
     def _attend(
         self,
         query,
@@ -245,7 +238,7 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         head_mask,
         project=True,
     ):
-        self._check_call_shapes(query, value, key, attention_mask)
+        self._check_call_shapes(query, value, key, attention_mask, masks)
         gate = None if head_mask is None else self._head_mask(head_mask)
         if self.implementation == "per_head":
             if self._overrides_compute_attention():
@@ -498,13 +491,13 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         if use_causal_mask:
             causal = axes.expand_mask(causal_mask(query, key))
             if attention_mask is not None or not self._use_dot_product_attention(
-                query, return_attention_scores
+                query, value, return_attention_scores
             ):
                 attention_mask = (
                     causal if attention_mask is None else ops.logical_and(attention_mask, causal)
                 )
                 use_causal_mask = False
-        if self._use_dot_product_attention(query, return_attention_scores):
+        if self._use_dot_product_attention(query, value, return_attention_scores):
             output = ops.dot_product_attention(
                 query,
                 key,
@@ -524,13 +517,17 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         )  # [B, h, T, d_v], [B, h, T, S]
         return axes.from_heads(heads, query), axes.unflatten_scores(weights, query, key)
 
-    def _use_dot_product_attention(self, query, return_attention_scores) -> bool:
+    def _use_dot_product_attention(self, query, value, return_attention_scores) -> bool:
+        """Whether `_compute_attention` calls ops.dot_product_attention for
+        these projected heads: (B, T, h, d_k) queries, (B, S, h, d_v) values."""
         if return_attention_scores or self.dropout > 0.0 or len(query.shape) != 4:
             return False
         backend = keras.backend.backend()
-        if backend == "jax" and self.d_k != self.d_v:
-            # Keras 3.15's JAX dot_product_attention reshapes the output with
-            # the key's size: it fails when d_v != d_k (docs/layer.md).
+        if backend == "jax" and query.shape[-1] != value.shape[-1]:
+            # Keras 3.15's JAX dot_product_attention: jax.nn's refuses
+            # d_v != d_k, and its fallback reshapes the (B, T, h, d_v) output
+            # to the query's shape, which fails (docs/layer.md). The heads'
+            # own sizes decide, whatever the layer's attributes say.
             return False
         return backend != "tensorflow" or self._flash_attention is True
 

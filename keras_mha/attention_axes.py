@@ -81,6 +81,10 @@ class AttentionAxes:
             raise ValueError(f"`attention_axes` repeats an axis. Received: {tuple(axes)}")
         self.batch_axes = tuple(a for a in range(rank - 1) if a not in self.axes)
         self.simple = self.batch_axes == (0,) and self.axes == (1,)
+        # Attention over the last axis before the features only: the one
+        # layout where Keras's [B, T, 1] & [B, 1, S] input masks line up
+        # with the scores (query_mask, value_mask, key_mask).
+        self.last_axis_only = self.axes == (rank - 2,)
         # A projected tensor (B, <dims>, h, d): head axis rank - 1, channel rank.
         self._to_heads = self.batch_axes + (rank - 1,) + self.axes + (rank,)
         self._from_heads = tuple(self._to_heads.index(i) for i in range(rank + 1))

@@ -16,6 +16,18 @@ from keras import constraints, initializers, regularizers
 from keras_mha import attention_weights
 from keras_mha.attention_axes import AttentionAxes, projection_equation
 
+try:  # The mask a tensor carries (Embedding(mask_zero=True), Masking, ...).
+    from keras.src.backend import get_keras_mask, set_keras_mask
+except ImportError:  # pragma: no cover - older/newer layouts
+
+    def get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+    def set_keras_mask(x, mask):
+        if mask is None and hasattr(x, "_keras_mask"):
+            del x._keras_mask
+
+
 IMPLEMENTATIONS = ("fused", "per_head")
 
 # (attribute, sublayer name): the projections, in Keras's order and names.
@@ -56,6 +68,36 @@ def _output_shape_arg(output_shape):
             "`output_shape` should be a positive int or a tuple or list of them."
         )
     return tuple(int(d) for d in shape)
+
+
+def resolve_inputs(query, value, key, query_mask, value_mask, key_mask):
+    """`(query, value, key, (query_mask, value_mask, key_mask))` as
+    `keras.layers.MultiHeadAttention` reads a call.
+
+    Every mask given is used, for its own tensor; one not given is the mask
+    that tensor carries (`Embedding(mask_zero=True)`, `Masking`), which is
+    what Keras's `Layer.__call__` fills in. `value` omitted is the query
+    (Keras's `mha(x, x)`): its mask is `value_mask`, or else the one the query
+    carries, never an explicit `query_mask`. `key` omitted is the value (as
+    in Keras): `key_mask` is then only an explicit one, the value's mask
+    already covering that tensor. Unlike Keras 3.15, which reads the query's
+    carried mask only and drops an explicit `query_mask`, an explicit
+    `query_mask` is used (and replaces the carried one, as the others do).
+    """
+    carried = get_keras_mask(query)
+    if query_mask is None:
+        query_mask = carried
+    if value is None:
+        value = query
+        if value_mask is None:
+            value_mask = carried
+    elif value_mask is None:
+        value_mask = get_keras_mask(value)
+    if key is None:
+        key = value
+    elif key_mask is None:
+        key_mask = get_keras_mask(key)
+    return query, value, key, (query_mask, value_mask, key_mask)
 
 
 class MultiHeadAttentionBase(keras.layers.Layer):
@@ -313,7 +355,7 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         for dense in (self._query_dense, self._key_dense, self._value_dense):
             dense.enable_lora(rank, **kwargs)
 
-    def _check_call_shapes(self, query, value, key, attention_mask):
+    def _check_call_shapes(self, query, value, key, attention_mask, masks=None):
         self._resolve_dims(query.shape, value.shape, key.shape)
         if self.built:
             expected = {"query": self.d_model, "value": self._d_value_in, "key": self._d_key_in}
@@ -329,10 +371,38 @@ class MultiHeadAttentionBase(keras.layers.Layer):
                     f"The layer was built for rank-{self._axes.rank} inputs. "
                     f"Received: query.shape={tuple(query.shape)}"
                 )
+        axes = self._axes or AttentionAxes(len(query.shape), self.attention_axes)
         if attention_mask is not None:
-            axes = self._axes or AttentionAxes(len(query.shape), self.attention_axes)
             mask_shape = getattr(attention_mask, "shape", np.shape(attention_mask))
             axes.check_mask(mask_shape, axes.scores_shape(query.shape, key.shape, self.num_heads))
+        if masks is not None:
+            self._check_input_masks(axes, query, value, key, masks)
+
+    @staticmethod
+    def _check_input_masks(axes, query, value, key, masks) -> None:
+        """ValueError unless each input mask applies as in Keras's layer: one
+        flag per position of its tensor (broadcastable to `tensor.shape[:-1]`),
+        with attention over the last axis before the features."""
+        for name, x, mask in zip(("query", "value", "key"), (query, value, key), masks):
+            if mask is None:
+                continue
+            shape = tuple(getattr(mask, "shape", np.shape(mask)))
+            if not axes.last_axis_only:
+                raise ValueError(
+                    f"`{name}_mask` (or the mask `{name}` carries) needs attention over the "
+                    f"last axis before the features (attention_axes=({axes.rank - 2},)), as "
+                    f"in keras.layers.MultiHeadAttention; pass `attention_mask` for "
+                    f"attention_axes={axes.axes}. Received: {name}_mask.shape={shape}"
+                )
+            want = tuple(x.shape[:-1])
+            if not 1 <= len(shape) <= len(want) or not all(
+                a is None or b is None or a in (1, b) for a, b in zip(shape[::-1], want[::-1])
+            ):
+                raise ValueError(
+                    f"`{name}_mask` (or the mask `{name}` carries) must have `{name}`'s shape "
+                    f"without its features, {want} (one flag per position). "
+                    f"Received: {name}_mask.shape={shape}"
+                )
 
     # ---------------------------------------------------------------- shapes
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
@@ -356,9 +426,10 @@ class MultiHeadAttentionBase(keras.layers.Layer):
         use_causal_mask=False,
         head_mask=None,
     ):
-        value = query if value is None else value
-        key = value if key is None else key
-        self._check_call_shapes(query, value, key, attention_mask)
+        query, value, key, masks = resolve_inputs(
+            query, value, key, query_mask, value_mask, key_mask
+        )
+        self._check_call_shapes(query, value, key, attention_mask, masks)
         out = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape, key.shape),
             dtype=self.compute_dtype,

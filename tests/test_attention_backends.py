@@ -1,5 +1,6 @@
 """The layer on every Keras backend: the classifier trains, `import keras_mha`
-needs no TensorFlow, and on JAX the heads are sharded over devices.
+needs no TensorFlow and changes nothing, a bare `import keras_mha` is enough
+to load its files, and on JAX the heads are sharded over devices.
 
 tests/keras_suite/run.py runs this file (with the other layer tests) in
 .venv-jax and .venv-torch; the main run covers TensorFlow.
@@ -22,8 +23,12 @@ from keras_mha import ModelConfig, build_classifier
 BACKEND = keras.backend.backend()
 
 
-def _run(script: str, **env) -> dict:
+def _run(script: str, unset: tuple[str, ...] = (), **env) -> dict:
+    """Run `script` in a fresh Python; its last line of output is JSON.
+    `unset`: variables to leave out of its environment."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    for name in unset:
+        env.pop(name, None)
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script)],
         capture_output=True,
@@ -62,6 +67,71 @@ def test_import_keras_mha_needs_no_tensorflow():
         """
     )
     assert result == {"tf": False}
+
+
+def test_import_keras_mha_changes_nothing_in_the_process():
+    """A bare `import keras_mha` sets no environment variable (TensorFlow's
+    log level is the commands' business) and imports no Keras."""
+    result = _run(
+        """
+        import json, os, sys
+        before = dict(os.environ)
+        import keras_mha
+        print(json.dumps({
+            "changed": sorted(k for k in {**before, **os.environ}
+                              if before.get(k) != os.environ.get(k)),
+            "keras": "keras" in sys.modules,
+            "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL"),
+        }))
+        """,
+        unset=("TF_CPP_MIN_LOG_LEVEL",),
+    )
+    assert result == {"changed": [], "keras": False, "TF_CPP_MIN_LOG_LEVEL": None}
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import keras_mha; import keras", "import keras; import keras_mha"],
+    ids=["keras_mha-then-keras", "keras-then-keras_mha"],
+)
+def test_load_model_after_a_bare_import_keras_mha(imports, tmp_path):
+    """`import keras_mha` is all a user imports before loading a file with its
+    layers, in either order with `import keras`, in a fresh process."""
+    from keras_mha import LayerNorm, MultiHeadAttention, TransformerEncoderBlock
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((5, 8))
+    h = MultiHeadAttention(num_heads=2, implementation="per_head", name="mha")(inputs)
+    h = TransformerEncoderBlock(num_heads=2, ff_dim=16, name="block")(h)
+    model = keras.Model(inputs, LayerNorm(name="norm")(h))
+    x = np.random.default_rng(0).standard_normal((3, 5, 8)).astype("float32")
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "want.npy", keras.ops.convert_to_numpy(model(x)))
+    model.save(tmp_path / "m.keras")
+    result = _run(
+        f"""
+        import json, sys
+        {imports}
+        before_load = "keras_mha.layers" in sys.modules
+        import numpy as np
+        model = keras.saving.load_model({str(tmp_path / "m.keras")!r})
+        got = keras.ops.convert_to_numpy(model(np.load({str(tmp_path / "x.npy")!r})))
+        want = np.load({str(tmp_path / "want.npy")!r})
+        print(json.dumps({{
+            "registered_on_import": before_load,
+            "classes": [type(layer).__module__ + "." + type(layer).__name__
+                        for layer in model.layers[1:]],
+            "diff": float(np.abs(got - want).max()),
+        }}))
+        """
+    )
+    assert result["registered_on_import"] is True
+    assert result["classes"] == [
+        "keras_mha.attention.MultiHeadAttention",
+        "keras_mha.layers.TransformerEncoderBlock",
+        "keras_mha.layers.LayerNorm",
+    ]
+    assert result["diff"] == 0.0
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution.ModelParallel is JAX's")
