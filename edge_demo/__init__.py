@@ -24,4 +24,4 @@ The library (keras_mha) imports only `errors`, `contract` and the head view
 page from here; the exporter also `runtimes`, to verify with the device's code.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -16,7 +16,7 @@ import importlib.abc
 import sys as _sys
 import warnings as _warnings
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY = {
     "MultiHeadAttention": "keras_mha.attention",
