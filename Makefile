@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 # ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
 SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
 
-.PHONY: install edge-venvs lint format test test-fast test-summary demo heads heads-needs-run bench clean
+.PHONY: install edge-venvs lint format test test-fast test-summary fuzz demo heads heads-needs-run bench clean
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
 # emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
@@ -79,6 +79,16 @@ test-summary:
 # does for each that trains or exports a model. make test runs them all.
 test-fast: install edge-venvs
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The device against hostile bundles, longer than make test's bounded part
+# (tests/fuzz/, docs/hostile_bundles.md): the parsers under hypothesis, then
+# FUZZ_CASES mutated bundles and command lines through the device app in
+# .venv-edge, each classified (exit, signal, timeout, traceback, memory).
+FUZZ_CASES ?= 2000
+FUZZ_SEED ?= 1
+fuzz: install edge-venvs
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider tests/fuzz/test_fuzz_parsers.py
+	nice -n 10 $(PY) tests/fuzz/campaign.py --build -n $(FUZZ_CASES) --seed $(FUZZ_SEED) --python $(EDGE_PY) --report .cache/fuzz-report.json
 
 demo: install edge-venvs
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite

@@ -33,9 +33,49 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
 DEBUG_ENV = "KERAS_MHA_DEBUG"
 
 
+MESSAGE_LIMIT = 1000  # characters of a message's problem; a bundle cannot print megabytes
+
+
 def one_line(text: object) -> str:
     """`text` with every run of whitespace (newlines too) as one space."""
     return " ".join(str(text).split())
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _unsafe(char: str) -> bool:
+    """A character a terminal may act on, or that cannot be encoded: C0/C1 controls,
+    DEL, lone surrogates, bidirectional overrides and line/paragraph separators."""
+    code = ord(char)
+    return (
+        code < 0x20
+        or 0x7F <= code < 0xA0
+        or 0xD800 <= code < 0xE000
+        or code in (0x2028, 0x2029)
+        or 0x202A <= code <= 0x202E
+        or 0x2066 <= code <= 0x2069
+    )
+
+
+def safe(text: object, limit: int | None = None) -> str:
+    """`text` made safe to print on a terminal: control characters (escape codes,
+    newlines, carriage returns), lone surrogates and bidi overrides escaped as
+    `\\xNN` / `\\uNNNN`; cut to `limit` characters with "..." when given.
+
+    For every untrusted string in a message or a table: file names, mode
+    names, `dataset`, labels.
+    """
+    text = str(text)
+    if any(_unsafe(c) for c in text):
+        text = "".join(_escape(c) if _unsafe(c) else c for c in text)
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    return text
 
 
 class UsageError(ValueError):
@@ -50,8 +90,8 @@ class UsageError(ValueError):
     """
 
     def __init__(self, problem: str, where: str | os.PathLike | None = None):
-        self.problem = one_line(problem)
-        self.where = None if where is None else str(where)
+        self.problem = safe(one_line(problem), MESSAGE_LIMIT)
+        self.where = None if where is None else safe(str(where), 300)
         super().__init__(self.problem if self.where is None else f"{self.where}: {self.problem}")
 
 
@@ -62,7 +102,8 @@ class Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str):  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        text = safe(one_line(message), MESSAGE_LIMIT)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
 def _int_at_least(minimum: int, expectation: str):
@@ -133,7 +174,7 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
             print(f"{prog}: error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         except MemoryError as exc:
-            detail = f" ({one_line(exc)})" if str(exc) else ""
+            detail = f" ({safe(one_line(exc), 200)})" if str(exc) else ""
             print(
                 f"{prog}: error: out of memory{detail}; try a smaller model or input",
                 file=sys.stderr,
@@ -142,7 +183,7 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
         except SystemExit as exc:  # --help, --version, argparse's usage errors
             if exc.code is None or isinstance(exc.code, int):
                 return exc.code or EXIT_OK
-            print(f"{prog}: error: {one_line(exc.code)}", file=sys.stderr)
+            print(f"{prog}: error: {safe(one_line(exc.code), MESSAGE_LIMIT)}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:
             print(f"{prog}: interrupted", file=sys.stderr)
@@ -158,7 +199,7 @@ def run_main(prog: str, body: Callable[[], int]) -> int:
             if os.environ.get(DEBUG_ENV):
                 raise
             print(
-                f"{prog}: internal error: {type(exc).__name__}: {one_line(exc)[:500]} "
+                f"{prog}: internal error: {type(exc).__name__}: {safe(one_line(exc), 500)} "
                 f"(set {DEBUG_ENV}=1 for a traceback)",
                 file=sys.stderr,
             )

@@ -119,7 +119,7 @@ def _set(path: str, value):
         (_set("models", {}), "field 'models' is empty"),
         (_drop("models.int8.sha256"), "missing field 'models.int8.sha256'"),
         (_set("models.int8.sha256", "xyz"), "64 lowercase hex"),
-        (_set("models.int8.bytes", 0), "'models.int8.bytes' must be an integer >= 1"),
+        (_set("models.int8.bytes", 0), "'models.int8.bytes' must be an integer from 1 to"),
         (_set("models.int8.file", "../model.tflite"), "must name a file inside the bundle"),
         (_drop("models.int8.thresholds"), "missing field 'models.int8.thresholds'"),
         (_set("models.int8.thresholds", {"min_acc": 0.9}), "unknown key 'min_acc'"),

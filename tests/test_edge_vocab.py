@@ -70,7 +70,7 @@ def test_save_load_round_trip_is_atomic_and_equal(tmp_path):
         pytest.param({"tokens": ["<pad>", 3]}, "list of strings", id="token-not-string"),
         pytest.param({"pad_id": 9}, "'pad_id'=9 is not a token index", id="pad-id-outside"),
         pytest.param({"unk_id": 0}, "pad_id and unk_id must differ", id="unk-is-pad"),
-        pytest.param({"max_length": 0}, "'max_length' must be positive", id="max-length-0"),
+        pytest.param({"max_length": 0}, "'max_length' must be from 1 to", id="max-length-0"),
         pytest.param({"max_length": "4"}, "'max_length' must be an integer", id="max-length-str"),
         pytest.param({"lowercase": "yes"}, "'lowercase' must be true or false", id="lowercase-str"),
         pytest.param({"token_pattern": "[a-z"}, "not a valid regex", id="bad-regex"),

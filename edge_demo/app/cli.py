@@ -10,10 +10,9 @@ attention weights (app/head_view.py).
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 
-from ..contract.bundle import Bundle, open_bundle
-from ..contract.files import check_writable
 from ..errors import (
     DEBUG_ENV,
     Parser,
@@ -21,10 +20,30 @@ from ..errors import (
     nonnegative_int,
     positive_int,
     run_main,
+    safe,
 )
-from ..runtimes.runtime import RUNTIMES, select_runtime
-from .head_view import check_view_path, view_mode, write_view
-from .runs import DemoOptions, header, plan_modes, run_parity, run_sample, run_text
+from .options import DemoOptions
+
+# numpy and the runtime code are imported in `run`, under `run_main`: Ctrl-C
+# while they import is "interrupted", not a traceback. These names are the
+# runtimes' (runtimes/runtime.py RUNTIMES), kept here so --help imports nothing.
+RUNTIME_CHOICES = ("litert", "tflite-runtime", "tflite-micro")
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
+
+
+def path_problem(path: pathlib.Path) -> str | None:
+    """Why a path argument cannot name a file here (too long, a NUL), or None."""
+    raw = os.fsencode(path)
+    if b"\0" in raw:
+        return "contains a NUL byte"
+    if len(raw) > MAX_PATH_BYTES:
+        return f"is {len(raw)} bytes long (at most {MAX_PATH_BYTES})"
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        return f"has a component of {longest} bytes (a file name has at most {MAX_NAME_BYTES})"
+    return None
+
 
 PROG = "keras-mha-edge"
 EPILOG = f"""\
@@ -60,9 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--runtime",
-        choices=("auto", *RUNTIMES),
+        choices=("auto", *RUNTIME_CHOICES),
         default="auto",
-        help=f"TFLite runtime: auto = the first of {', '.join(RUNTIMES)} that imports (default auto)",
+        help=f"TFLite runtime: auto = the first of {', '.join(RUNTIME_CHOICES)} that imports "
+        "(default auto)",
     )
     parser.add_argument(
         "--threads",
@@ -132,6 +152,21 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
                 parser.error(f"--debug cannot be combined with {flag}")
     if args.view is not None and args.sample is None and args.text is None:
         parser.error('--view needs --sample N or --text "..." (the input to show)')
+    for flag, path in (
+        ("BUNDLE_DIR", args.bundle),
+        ("--json", args.json_path),
+        ("--view", args.view),
+    ):
+        problem = None if path is None else path_problem(path)
+        if problem:
+            parser.error(f"{flag} {problem}")
+    if args.text is not None:
+        try:
+            args.text.encode("utf-8")
+        except UnicodeEncodeError:
+            parser.error("--text is not valid UTF-8 text")
+    if args.quant is not None and len(args.quant) > 1000:
+        parser.error("--quant is longer than 1000 characters")
     return DemoOptions(
         bundle=args.bundle,
         quant=args.quant,
@@ -150,13 +185,16 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
 # --- what runs ------------------------------------------------------------------
 
 
-def _check_request(bundle: Bundle, options: DemoOptions) -> None:
+def _check_request(bundle, options: DemoOptions) -> None:
     """Flags that depend on the bundle, checked before any runtime is imported."""
     samples = bundle.manifest.eval.samples
     if options.sample is not None and options.sample >= samples:
         raise UsageError(
             f"{options.sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
         )
+    from ..contract.files import check_output
+    from .head_view import check_view_path
+
     if options.text is not None and bundle.vocab is None:
         raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
@@ -164,17 +202,23 @@ def _check_request(bundle: Bundle, options: DemoOptions) -> None:
             "--text",
         )
     if options.json_path is not None:
-        if options.json_path.is_dir():
-            raise UsageError(f"{options.json_path} is a directory", "--json")
-        check_writable(options.json_path, "--json")
+        check_output(options.json_path, "--json", protected=bundle.root)
     if options.view is not None:
-        check_view_path(options.view)
+        check_view_path(options.view, bundle.root)
         if options.runtime == "tflite-micro":  # it runs deploy files: no attention signature
             raise UsageError("needs the attention signature; use --runtime litert", "--view")
 
 
 def run(options: DemoOptions) -> int:
     """Validate the bundle, import the runtime, probe the models, run."""
+    import numpy as np
+
+    from ..contract.bundle import open_bundle
+    from ..runtimes.runtime import select_runtime
+    from .head_view import view_mode, write_view
+    from .runs import header, plan_modes, run_parity, run_sample, run_text
+
+    np.seterr(all="ignore")  # a hostile scale's overflow is a result, never a warning on stderr
     if options.debug is not None:
         from ..debug.cli import run_debug
 
@@ -208,7 +252,7 @@ def run(options: DemoOptions) -> int:
             text=options.text,
             dropped=dropped,
         )
-        print(f"wrote {options.view} ({'; '.join(notes)})")
+        print(f"wrote {safe(options.view)} ({'; '.join(notes)})")
     return code
 
 

@@ -18,7 +18,7 @@ import pathlib
 import numpy as np
 
 from ..contract.bundle import Bundle
-from ..contract.files import check_writable
+from ..contract.files import check_output
 from ..errors import UsageError
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.runtime import Runtime
@@ -28,11 +28,9 @@ PREFERENCE = ("int8", "int16x8", "float32")
 PRONOUNS = ("it", "they", "them", "he", "she", "him", "her")
 
 
-def check_view_path(path: pathlib.Path) -> None:
-    """`--view FILE`: a writable file path, not a directory."""
-    if path.is_dir():
-        raise UsageError(f"{path} is a directory; expected an .html file path", "--view")
-    check_writable(path, "--view")
+def check_view_path(path: pathlib.Path, bundle_root: pathlib.Path | None = None) -> None:
+    """`--view FILE`: a new or regular file outside the bundle, writable (`check_output`)."""
+    check_output(path, "--view", protected=bundle_root)
 
 
 def view_mode(bundle: Bundle, runnable: list[str]) -> str:
@@ -135,5 +133,5 @@ def write_view(
             title=f"{mode}: eval sample {sample}",
             **common,
         )
-    write_html(path, data)
+    write_html(path, data, flag="--view", protected=bundle.root)
     return notes

@@ -8,43 +8,26 @@ line and chooses; report.py formats.
 
 from __future__ import annotations
 
-import dataclasses
-import pathlib
-
 from ..contract.bundle import Bundle
 from ..contract.files import write_json_atomic
-from ..errors import UsageError
+from ..errors import UsageError, safe
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
 from ..runtimes.probe import probe_model
 from ..runtimes.runtime import MICRO_RUNTIME, Runtime
 from ..runtimes.score import ModeResult, run_mode
+from .options import DemoOptions
 from .report import parity_table, prediction_table, render_features
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoOptions:
-    """The command line, parsed."""
-
-    bundle: pathlib.Path
-    quant: str | None = None  # None or "all" = every mode in the manifest
-    runtime: str = "auto"  # "auto" | "litert" | "tflite-runtime"
-    threads: int = 1
-    repeat: int = 1
-    json_path: pathlib.Path | None = None
-    wide: bool = False  # the parity table with every column
-    sample: int | None = None
-    text: str | None = None
-    view: pathlib.Path | None = None
-    debug: str | None = None  # --debug MODE (debug/cli.py)
 
 
 def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]:
     """Each selected mode -> None (runnable) or a skipped ModeResult.
 
     Skips a mode the manifest says this runtime cannot load, or one the runtime
-    refuses in the child-process probe for lack of an op or kernel. A model
-    that crashes or is rejected otherwise raises UsageError.
+    refuses in the child-process probe for lack of an op or kernel, unless the
+    manifest says this runtime ran the mode at export: then the model is not
+    the one export made, and the mode fails (a "failed" ModeResult, exit 1).
+    A model that crashes or is rejected otherwise raises UsageError.
     """
     plan: dict[str, ModeResult | None] = {}
     for mode in bundle.modes:
@@ -63,8 +46,21 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
         probe = probe_model(runtime, content, bundle.path(entry.file), sample)
         if probe.ok:
             probe.check_manifest(entry, bundle.path(entry.file))
-        plan[mode] = None if probe.ok else ModeResult(mode, "skipped", reason=probe.reason)
-    if all(result is not None for result in plan.values()):
+        if probe.ok:
+            plan[mode] = None
+        elif entry.runtimes.get(runtime.name) is True:
+            plan[mode] = ModeResult(
+                mode,
+                "failed",
+                thresholds=entry.thresholds,
+                failures=[
+                    f"{bundle.path(entry.file)}: {probe.reason}, although manifest.json says "
+                    f"{runtime.name} ran it at export (models.{mode}.runtimes): a corrupted model"
+                ],
+            )
+        else:
+            plan[mode] = ModeResult(mode, "skipped", reason=probe.reason)
+    if all(result is not None and result.status == "skipped" for result in plan.values()):
         reasons = "; ".join(f"{m}: {r.reason}" for m, r in plan.items() if r is not None)
         raise UsageError(f"none of the selected modes can run here ({reasons})", runtime.name)
     return plan
@@ -74,7 +70,7 @@ def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
     m = bundle.manifest
     info = runtime.info()
     return (
-        f"bundle   {bundle.root} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
+        f"bundle   {safe(bundle.root)} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
         f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f})\n"
         f"runtime  {info['name']} {info['version']} ({info['module']}), numpy {info['numpy']}, "
         f"Python {info['python']} {info['machine']}; threads {options.threads}, repeat {options.repeat}"
@@ -105,7 +101,9 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         info = runtime.info() | {"threads": options.threads, "repeat": options.repeat}
         write_json_atomic(
             options.json_path,
-            {
+            flag="--json",
+            protected=bundle.root,
+            data={
                 "runtime": info,
                 "bundle": {
                     "path": str(bundle.root.resolve()),
@@ -129,6 +127,10 @@ def _classify(
     """(mode, prediction, confidence) rows for one input `x`, and notes on errors."""
     rows, errors = [], []
     for mode, skipped in plan.items():
+        if skipped is not None and skipped.status == "failed":
+            rows.append((mode, "error", "-"))
+            errors.extend(f"{mode}: error: {failure}" for failure in skipped.failures)
+            continue
         if skipped is not None:
             rows.append((mode, "skipped", "-"))
             continue
@@ -154,7 +156,11 @@ def _classify(
 
 
 def _skip_notes(plan: dict) -> list[str]:
-    return [f"{mode}: skipped: {r.reason}" for mode, r in plan.items() if r is not None]
+    return [
+        f"{mode}: skipped: {r.reason}"
+        for mode, r in plan.items()
+        if r is not None and r.status == "skipped"
+    ]
 
 
 def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
@@ -183,12 +189,16 @@ def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict)
     Returns (exit code, the model input ids, the words cut off by max_length).
     """
     vocab = bundle.vocab
-    encoded = vocab.analyze(options.text)
+    try:
+        encoded = vocab.analyze(options.text)
+    except UsageError as exc:
+        raise UsageError(exc.problem, "--text") from None
     if not encoded.words:
         raise UsageError(
-            f"no words found in {options.text!r} (token_pattern {vocab.token_pattern!r})", "--text"
+            f"no words found in {safe(options.text, 200)!r} (token_pattern {vocab.token_pattern!r})",
+            "--text",
         )
-    print(f'\ntext: "{options.text}"')
+    print(f'\ntext: "{safe(options.text, 500)}"')
     notes = []
     if encoded.unknown:
         notes.append(f"unknown to the vocabulary: {', '.join(sorted(set(encoded.unknown)))}")

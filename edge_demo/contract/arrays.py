@@ -16,8 +16,10 @@ Every problem is a `UsageError` naming the file and the array.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import zipfile
+import zlib
 from typing import IO
 
 import numpy as np
@@ -26,6 +28,10 @@ from ..errors import UsageError
 
 # A float32 softmax row sums to 1 within ~1e-6 per class; x3 or log-probs are far off.
 PROB_SUM_TOLERANCE = 1e-3
+# A .npy header is at most 64 KiB (format 2.0); numpy writes ~128 bytes.
+NPY_HEADER_BYTES = 65536
+# Without a bound from a manifest (a run directory's arrays, read by export).
+DEFAULT_MEMBER_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,30 +60,99 @@ def read_npz(
     source: str | os.PathLike | IO[bytes],
     keys: tuple[str, ...],
     where: str | os.PathLike | None = None,
+    max_member_bytes: int | dict[str, int] = DEFAULT_MEMBER_BYTES,
 ) -> dict[str, np.ndarray]:
     """The arrays `keys` of an `.npz` (a path or an open binary file), no pickles.
 
-    `where` names the file in messages (default: `source`).
+    Read with zipfile, never `np.load` on the archive: every member must be a
+    `.npy` file; each wanted member's declared size must be at most
+    `max_member_bytes` (one bound, or one per key) before it is inflated, and
+    inflating stops there whatever the archive claims, so a zip bomb costs
+    nothing. A corrupt archive or stream is a UsageError naming `where`
+    (default: `source`) like any other problem.
     """
     where = source if where is None else where
+    try:
+        return _read_npz(source, keys, where, max_member_bytes)
+    except UsageError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error,
+            NotImplementedError, RuntimeError, OverflowError) as exc:  # fmt: skip
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        raise UsageError(f"not a readable .npz file ({detail})", where) from None
+
+
+def _read_npz(source, keys, where, max_member_bytes) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(source):
         raise UsageError("not a readable .npz file (not a zip archive)", where)
     if not isinstance(source, (str, os.PathLike)):
         source.seek(0)
-    try:
-        with np.load(source, allow_pickle=False) as npz:
-            missing = [k for k in keys if k not in npz.files]
-            if missing:
+    with zipfile.ZipFile(source) as archive:
+        members = archive.infolist()
+        if len(members) > 4096:
+            raise UsageError(f"has {len(members)} members; an .npz of arrays has a few", where)
+        by_name = {}
+        for info in members:
+            if not info.filename.endswith(".npy") or "/" in info.filename:
                 raise UsageError(
-                    f"missing array(s) {', '.join(missing)} (needs {', '.join(keys)}; "
-                    f"has {', '.join(npz.files) or 'none'})",
+                    f"member {info.filename[:80]!r} is not an .npy array (an .npz holds only those)",
                     where,
                 )
-            return {k: npz[k] for k in keys}
-    except UsageError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise UsageError(f"not a readable .npz file ({exc})", where) from None
+            by_name[info.filename[: -len(".npy")]] = info
+        missing = [k for k in keys if k not in by_name]
+        if missing:
+            has = ", ".join(sorted(by_name)[:20]) or "none"
+            raise UsageError(
+                f"missing array(s) {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+                f" (needs {', '.join(keys[:10])}{' ...' if len(keys) > 10 else ''}; has {has})",
+                where,
+            )
+        arrays = {}
+        for key in keys:
+            info = by_name[key]
+            limit = (
+                max_member_bytes.get(key, DEFAULT_MEMBER_BYTES)
+                if isinstance(max_member_bytes, dict)
+                else max_member_bytes
+            )
+            if info.file_size > limit:
+                raise UsageError(
+                    f"array {key} inflates to {info.file_size} bytes, more than the {limit} "
+                    "its shape allows",
+                    where,
+                )
+            with archive.open(info) as member:
+                raw = member.read(limit + 1)
+            if len(raw) > limit:
+                raise UsageError(f"array {key} inflates past the {limit} bytes it may have", where)
+            arrays[key] = _npy_array(raw, key, where)
+        return arrays
+
+
+def _npy_array(raw: bytes, key: str, where) -> np.ndarray:
+    """An .npy file's array, its header checked against its size before any allocation."""
+    handle = io.BytesIO(raw)
+    version = np.lib.format.read_magic(handle)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+    else:
+        raise UsageError(f"array {key}: unknown .npy format version {version}", where)
+    if dtype.hasobject or dtype.kind not in "biuf" or dtype.itemsize == 0:
+        raise UsageError(f"array {key} has dtype {dtype}; expected numbers", where)
+    count = 1
+    for d in shape:
+        count *= int(d)
+    offset = handle.tell()
+    if count * dtype.itemsize != len(raw) - offset:
+        raise UsageError(
+            f"array {key}: its header says {list(shape)} {dtype} but it holds "
+            f"{len(raw) - offset} bytes of data",
+            where,
+        )
+    array = np.frombuffer(raw, dtype, count=count, offset=offset)
+    return array.reshape(shape, order="F" if fortran else "C").copy()
 
 
 def check_inputs(

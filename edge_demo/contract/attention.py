@@ -20,7 +20,7 @@ import pathlib
 import numpy as np
 
 from ..errors import UsageError
-from .arrays import read_npz
+from .arrays import NPY_HEADER_BYTES, read_npz
 from .attention_parity import AttentionParity, AttentionThresholds
 from .fields import Fields
 from .files import read_inside
@@ -31,6 +31,9 @@ FILE = "attention.npz"
 # float32 at 256 samples; float16 storage would round weights near 1 by
 # 2.4e-4, too coarse for float32's 1e-5 bound.
 MAX_SAMPLES = 256
+MAX_LAYERS = 64
+# Without a signature to size it by: pronouns' reference is 256 x 8 x 16 x 16.
+MAX_LAYER_VALUES = 1 << 22
 
 
 def output_name(layer: int) -> str:
@@ -88,8 +91,8 @@ class AttentionReference:
         return cls(
             fields.filename(entry, "file", prefix),
             fields.sha256(entry, "sha256", prefix),
-            fields.integer(entry, "samples", prefix, minimum=1),
-            fields.integer(entry, "layers", prefix, minimum=1),
+            fields.integer(entry, "samples", prefix, minimum=1, maximum=MAX_SAMPLES),
+            fields.integer(entry, "layers", prefix, minimum=1, maximum=MAX_LAYERS),
             dtype,
         )
 
@@ -104,16 +107,26 @@ def reference_bytes(weights: list[np.ndarray]) -> bytes:
 
 
 def load_reference(
-    root: pathlib.Path, ref: AttentionReference, eval_samples: int
+    root: pathlib.Path,
+    ref: AttentionReference,
+    eval_samples: int,
+    max_layer_values: int = MAX_LAYER_VALUES,
 ) -> list[np.ndarray]:
-    """`attention.npz` checked: sha256, one float32 `(samples, h, T, S)` array per layer."""
+    """`attention.npz` checked: sha256, one float32 `(samples, h, T, S)` array per layer.
+
+    `max_layer_values`: the most values one layer's array may hold (from the
+    models' attention signatures: samples x h x T x S); the archive's
+    declared sizes are checked against it before anything is inflated.
+    """
     path = root / ref.file
     if ref.samples > eval_samples:
         raise UsageError(
             f"manifest.json says {ref.samples} samples, eval.npz has {eval_samples}", path
         )
     names = tuple(output_name(i) for i in range(ref.layers))
-    arrays = read_npz(io.BytesIO(read_inside(root, ref.file, ref.sha256)), names, where=path)
+    member_bytes = 4 * max_layer_values + NPY_HEADER_BYTES
+    data = read_inside(root, ref.file, ref.sha256, max_bytes=ref.layers * member_bytes + 65536)
+    arrays = read_npz(io.BytesIO(data), names, where=path, max_member_bytes=member_bytes)
     weights = []
     for name in names:
         w = arrays[name]

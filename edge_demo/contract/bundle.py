@@ -16,18 +16,24 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import pathlib
 
 import numpy as np
 
-from ..errors import UsageError
-from .arrays import EvalData, check_eval, read_npz
-from .attention import load_reference
+from ..errors import UsageError, safe
+from .arrays import NPY_HEADER_BYTES, EvalData, check_eval, read_npz
+from .attention import MAX_LAYER_VALUES, load_reference, output_name
 from .entries import EvalSpec, FileRef, ModelEntry
+from .fields import parse_json
 from .files import inside, read_inside, sha256_bytes, tflite_problem, write_bytes_atomic
+from .flatbuffer import index_problem
 from .manifest import MANIFEST, MODES, Manifest, ordered
-from .vocab import Vocab
+from .vocab import MAX_VOCAB_BYTES, Vocab
+
+MAX_LABELS_BYTES = 4 * 1024 * 1024
+MAX_LABEL = 200  # characters of one class name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +67,8 @@ def select_modes(manifest: Manifest, quant: str | None) -> tuple[str, ...]:
         if mode not in manifest.models:
             what = "is not in this bundle" if mode in MODES else "is not a known mode"
             raise UsageError(
-                f"mode {mode!r} {what} (this bundle has: {', '.join(available)})", "--quant"
+                f"mode {safe(mode, 60)!r} {what} (this bundle has: {', '.join(available)})",
+                "--quant",
             )
     return tuple(m for m in available if m in wanted)
 
@@ -79,7 +86,7 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
             f"size {size} bytes, manifest.json says {entry.bytes}: truncated or replaced", path
         )
     data = read_inside(root, entry.file)
-    problem = tflite_problem(data)
+    problem = tflite_problem(data) or index_problem(data)
     if problem:
         raise UsageError(problem, path)
     digest = sha256_bytes(data)
@@ -93,8 +100,14 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
 def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
     """`eval.npz`: sha256, then `arrays.check_eval`, then the manifest's shape and dtype."""
     path = root / spec.file
-    data = read_inside(root, spec.file, spec.sha256)
-    arrays = read_npz(io.BytesIO(data), ("x", "y", "probs"), where=path)
+    values = {
+        "x": math.prod(spec.x_shape),
+        "y": spec.samples,
+        "probs": spec.samples * spec.num_classes,
+    }
+    limits = {k: 8 * v + NPY_HEADER_BYTES for k, v in values.items()}  # 8: the widest dtype
+    data = read_inside(root, spec.file, spec.sha256, max_bytes=sum(limits.values()) + 65536)
+    arrays = read_npz(io.BytesIO(data), ("x", "y", "probs"), where=path, max_member_bytes=limits)
     x = arrays["x"]
     if x.shape != spec.x_shape:
         raise UsageError(
@@ -118,17 +131,21 @@ def labels_json(labels: list[str] | tuple[str, ...]) -> bytes:
 
 
 def parse_labels(data: bytes, num_classes: int, where: str | os.PathLike) -> tuple[str, ...]:
-    """`labels.json`: one class name per class id."""
-    try:
-        labels = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"not valid JSON ({exc})", where) from None
+    """`labels.json`: one class name per class id (printable, at most `MAX_LABEL` characters)."""
+    labels = parse_json(data, where)
     if not isinstance(labels, list) or not all(isinstance(s, str) for s in labels):
         raise UsageError("expected a JSON list of class names", where)
     if len(labels) != num_classes:
         raise UsageError(
             f"has {len(labels)} names, manifest.json says {num_classes} classes", where
         )
+    for i, label in enumerate(labels):
+        if len(label) > MAX_LABEL or safe(label) != label:
+            raise UsageError(
+                f"class name {i} ({safe(label, 60)!r}) must be at most {MAX_LABEL} printable "
+                "characters (no control characters)",
+                where,
+            )
     return tuple(labels)
 
 
@@ -151,7 +168,7 @@ def check_text_inputs(vocab: Vocab, x: np.ndarray, where: str | os.PathLike) -> 
 
 def _load_vocab(root: pathlib.Path, ref: FileRef, evaluation: EvalData) -> Vocab:
     path = root / ref.file
-    vocab = Vocab.parse(read_inside(root, ref.file, ref.sha256), path)
+    vocab = Vocab.parse(read_inside(root, ref.file, ref.sha256, max_bytes=MAX_VOCAB_BYTES), path)
     check_text_inputs(vocab, evaluation.x, path)
     return vocab
 
@@ -177,7 +194,7 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
             root / manifest.eval.file,
         )
     labels = parse_labels(
-        read_inside(root, manifest.labels.file, manifest.labels.sha256),
+        read_inside(root, manifest.labels.file, manifest.labels.sha256, max_bytes=MAX_LABELS_BYTES),
         manifest.eval.num_classes,
         root / manifest.labels.file,
     )
@@ -186,8 +203,51 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
         vocab = _load_vocab(root, manifest.vocab, evaluation)
     attention = None
     if manifest.attention is not None:
-        attention = load_reference(root, manifest.attention, manifest.eval.samples)
+        ref = manifest.attention
+        attention = load_reference(
+            root, ref, manifest.eval.samples, _layer_values(manifest, modes, ref.samples)
+        )
+        check_attention_shapes(manifest, modes, attention, root / ref.file)
     return Bundle(root, manifest, modes, evaluation, labels, vocab, model_bytes, attention)
+
+
+def _layer_values(manifest: Manifest, modes: tuple[str, ...], samples: int) -> int:
+    """The most values one layer of attention.npz may hold: samples x the largest
+    attention output (1, h, T, S) of the selected modes' signatures."""
+    largest = 0
+    for mode in modes:
+        entry = manifest.models[mode]
+        if entry.attention is None:
+            continue
+        for spec in entry.signatures[entry.attention.signature].outputs.values():
+            largest = max(largest, math.prod(spec.shape))
+    return samples * largest if largest else MAX_LAYER_VALUES
+
+
+def check_attention_shapes(
+    manifest: Manifest, modes: tuple[str, ...], weights: list[np.ndarray], where
+) -> None:
+    """attention.npz's layers against each selected mode's attention signature:
+    every layer an output `(1, h, T, S)` with the reference's h, T and S."""
+    for mode in modes:
+        entry = manifest.models[mode]
+        if entry.attention is None:
+            continue
+        outputs = entry.signatures[entry.attention.signature].outputs
+        for i, w in enumerate(weights):
+            spec = outputs.get(output_name(i))
+            if spec is None:
+                raise UsageError(
+                    f"has {len(weights)} layers but models.{mode}.signatures."
+                    f"{entry.attention.signature} has no output {output_name(i)}",
+                    where,
+                )
+            if spec.shape != (1, *w.shape[1:]):
+                raise UsageError(
+                    f"{output_name(i)} is {list(w.shape)} (samples, heads, T, S) but "
+                    f"models.{mode}'s {output_name(i)} is {list(spec.shape)}",
+                    where,
+                )
 
 
 def add_file(root: pathlib.Path, name: str, data: bytes) -> FileRef:

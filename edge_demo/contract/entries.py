@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..errors import safe
 from .attention import AttentionCheck
 from .deploy import DeployFile, micro_json
 from .fields import Fields, kind
+from .files import MAX_FILE_BYTES
 from .parity import Parity, Thresholds
 from .tensors import TensorSpec
 
@@ -52,6 +54,10 @@ class FileRef:
         )
 
 
+MAX_SIGNATURES = 16
+MAX_SIGNATURE_TENSORS = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class Signature:
     """A named entry point of a model: its input and output tensors by name.
@@ -76,6 +82,10 @@ class Signature:
         sides = {}
         for side in ("inputs", "outputs"):
             tensors = fields.obj(entry, side, prefix)
+            if len(tensors) > MAX_SIGNATURE_TENSORS:
+                raise fields.fail(
+                    prefix + side, f"has {len(tensors)} tensors (at most {MAX_SIGNATURE_TENSORS})"
+                )
             sides[side] = {
                 name: TensorSpec.from_json(fields, tensors, name, f"{prefix}{side}.")
                 for name in tensors
@@ -172,6 +182,10 @@ class ModelEntry:
         ):
             raise fields.fail(prefix + "runtimes", "must map runtime names to true/false")
         signatures = fields.optional(entry, "signatures", dict, prefix) or {}
+        if len(signatures) > MAX_SIGNATURES:
+            raise fields.fail(
+                prefix + "signatures", f"has {len(signatures)} (at most {MAX_SIGNATURES})"
+            )
         verified = entry.get("verified")
         attention = None
         if entry.get("attention") is not None:
@@ -185,7 +199,7 @@ class ModelEntry:
             mode=mode,
             file=fields.filename(entry, "file", prefix),
             sha256=fields.sha256(entry, "sha256", prefix),
-            bytes=fields.integer(entry, "bytes", prefix, minimum=1),
+            bytes=fields.integer(entry, "bytes", prefix, minimum=1, maximum=MAX_FILE_BYTES),
             input=inp,
             output=out,
             thresholds=Thresholds.from_json(fields, entry, "thresholds", prefix),
@@ -211,10 +225,12 @@ def _report_fields(entry: dict) -> dict:
     checks = entry.get("checks")
     failures = entry.get("failures")
     found: dict = {
-        "checks": {str(k): v for k, v in checks.items() if isinstance(v, bool)}
+        "checks": {safe(k, 60): v for k, v in checks.items() if isinstance(v, bool)}
         if isinstance(checks, dict)
         else {},
-        "failures": tuple(str(f) for f in failures) if isinstance(failures, list) else (),
+        "failures": tuple(safe(f, 300) for f in failures[:64] if isinstance(f, str))
+        if isinstance(failures, list)
+        else (),
         "weights": _counts(entry.get("weights")),
     }
     for name, kinds in (
@@ -225,14 +241,16 @@ def _report_fields(entry: dict) -> dict:
     ):
         value = entry.get(name)
         if isinstance(value, kinds) and not isinstance(value, bool):
-            found[name] = value
+            found[name] = safe(value, 300) if isinstance(value, str) else float(value)
     return found
 
 
 def _counts(value: object) -> dict[str, int]:
     if not isinstance(value, dict):
         return {}
-    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {
+        safe(k, 60): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,8 +277,10 @@ class ModeFailure:
         reasons = data.get("reasons")
         size = data.get("bytes")
         return cls(
-            data["stage"],
-            tuple(str(r) for r in reasons) if isinstance(reasons, list) else (),
+            safe(data["stage"], 40),
+            tuple(safe(r, 300) for r in reasons[:64] if isinstance(r, str))
+            if isinstance(reasons, list)
+            else (),
             Parity.from_json(data.get("parity")),
             size if isinstance(size, int) and not isinstance(size, bool) else None,
             _counts(data.get("ops")),

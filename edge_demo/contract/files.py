@@ -30,6 +30,9 @@ from typing import IO, Any
 from ..errors import UsageError
 
 TFLITE_IDENTIFIER = b"TFL3"
+# The most a bundle file is read into memory for (a model, an npz): a device
+# app's whole budget is 512 MB; JSON files have their own, smaller caps.
+MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
 def _umask() -> int:
@@ -38,14 +41,23 @@ def _umask() -> int:
     return mask
 
 
-def _write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
+def _write_atomic(
+    path: str | os.PathLike,
+    write: Callable[[IO[bytes]], None],
+    flag: str | None = None,
+    protected: str | os.PathLike | None = None,
+) -> None:
     path = pathlib.Path(path)
+    if flag is not None:
+        check_output(path, flag, protected)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it a normal file's mode
+        if flag is not None:  # the path may have changed while the file was written
+            check_output(path, flag, protected)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -53,18 +65,33 @@ def _write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -
         raise
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to `path`: a temporary file beside it, then a rename."""
-    _write_atomic(path, lambda handle: handle.write(data))
+def write_bytes_atomic(
+    path: str | os.PathLike,
+    data: bytes,
+    flag: str | None = None,
+    protected: str | os.PathLike | None = None,
+) -> None:
+    """Write `data` to `path`: a temporary file beside it, then a rename.
+
+    With `flag` (a user's output path, e.g. "--json"), `check_output(path,
+    flag, protected)` before writing and again before the rename.
+    """
+    _write_atomic(path, lambda handle: handle.write(data), flag, protected)
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any, indent: int | None = 2) -> None:
+def write_json_atomic(
+    path: str | os.PathLike,
+    data: Any,
+    indent: int | None = 2,
+    flag: str | None = None,
+    protected: str | os.PathLike | None = None,
+) -> None:
     """Write `data` as JSON (no NaN: it is not JSON) to `path`, atomically.
 
     Raises ValueError for NaN or infinity before anything is written.
     """
     text = json.dumps(data, indent=indent, allow_nan=False) + "\n"
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, text.encode("utf-8"), flag, protected)
 
 
 def staging_dir(out: str | os.PathLike) -> pathlib.Path:
@@ -171,6 +198,15 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path
     """
     path = pathlib.Path(path)
     where = f"{flag} {path}"
+    try:
+        return _check_writable(path, where)
+    except OSError as exc:  # a name too long, a loop of links, ...
+        raise UsageError(f"cannot use this path ({exc.strerror or exc})", where) from None
+    except ValueError as exc:  # an embedded NUL, an unencodable name
+        raise UsageError(f"cannot use this path ({exc})", where) from None
+
+
+def _check_writable(path: pathlib.Path, where: str) -> pathlib.Path:
     if path.is_symlink() and not path.exists():
         raise UsageError("is a dangling symbolic link", where)
     ancestor = path.absolute().parent
@@ -188,6 +224,66 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path
     with contextlib.suppress(OSError):
         os.unlink(probe)
     return path
+
+
+def _file_kind(mode: int) -> str | None:
+    """What a non-regular file is, as a message names it; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output(
+    path: str | os.PathLike, flag: str, protected: str | os.PathLike | None = None
+) -> pathlib.Path:
+    """An output file the app may replace (`--json`, `--view`): `check_writable`, and
+
+    - an existing path must be a regular file: a symbolic link, FIFO, device
+      node or socket would be replaced by the rename (`--json /dev/stdout`);
+    - the file may not be inside the directory `protected` (the bundle being
+      read: its manifest or a model would be overwritten).
+
+    Writers call it again just before the rename (`write_bytes_atomic(...,
+    flag=...)`), so a path that changed meanwhile is still refused.
+    """
+    path = pathlib.Path(path)
+    where = f"{flag} {path}"
+    try:
+        try:
+            info = path.lstat()
+        except (FileNotFoundError, NotADirectoryError):  # check_writable says which
+            info = None
+        kind = None if info is None else _file_kind(info.st_mode)
+        if kind is not None:
+            raise UsageError(
+                f"is {kind}; refusing to replace it (give a new or regular file)", where
+            )
+        if protected is not None:
+            target = path.absolute().parent.resolve() / path.name
+            root = pathlib.Path(protected).resolve()
+            if target == root or root in target.parents:
+                raise UsageError(
+                    f"is inside the bundle {root}; write outputs elsewhere (it would replace "
+                    "a bundle file)",
+                    where,
+                )
+    except OSError as exc:
+        raise UsageError(f"cannot use this path ({exc.strerror or exc})", where) from None
+    except ValueError as exc:
+        if isinstance(exc, UsageError):
+            raise
+        raise UsageError(f"cannot use this path ({exc})", where) from None
+    return check_writable(path, flag)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -217,29 +313,62 @@ def inside(root: pathlib.Path, name: str) -> pathlib.Path:
     except FileNotFoundError:
         raise UsageError("not found (listed in manifest.json)", path) from None
     except OSError as exc:
-        raise UsageError(f"cannot read it ({exc.strerror})", path) from None
+        raise UsageError(f"cannot read it ({exc.strerror or exc})", path) from None
+    except ValueError as exc:  # an unencodable name or a NUL: never a file of the bundle
+        raise UsageError(f"cannot read it ({exc})", path) from None
     if stat.S_ISLNK(info.st_mode):
         raise UsageError("is a symbolic link; bundle files must be regular files", path)
     if not stat.S_ISREG(info.st_mode):
         raise UsageError("not a regular file", path)
-    real, real_root = path.resolve(), root.resolve()
+    try:
+        real, real_root = path.resolve(), root.resolve()
+    except OSError as exc:
+        raise UsageError(f"cannot read it ({exc.strerror or exc})", path) from None
     if real.parent != real_root:
         raise UsageError(f"resolves to {real}, outside the bundle {real_root}", path)
     return path
 
 
-def read_inside(root: pathlib.Path, name: str, sha256: str | None = None) -> bytes:
-    """The bytes of bundle file `name`, checked by `inside` and against `sha256`."""
+def read_inside(
+    root: pathlib.Path,
+    name: str,
+    sha256: str | None = None,
+    max_bytes: int = MAX_FILE_BYTES,
+) -> bytes:
+    """The bytes of bundle file `name`, checked by `inside`, its size, and `sha256`.
+
+    The size is checked before reading (at most `max_bytes`, and the read
+    stops there whatever the file grows to) and the sha256 computed while
+    reading, so nothing is parsed before its checksum matches.
+    """
     path = inside(root, name)
+    digest = hashlib.sha256()
+    blocks = []
     try:
-        data = path.read_bytes()
+        with open(path, "rb", buffering=0) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise UsageError(
+                    f"is {size} bytes; this file may be at most {max_bytes} bytes", path
+                )
+            left = max_bytes + 1
+            while left > 0:
+                block = handle.read(min(1 << 20, left))
+                if not block:
+                    break
+                digest.update(block)
+                blocks.append(block)
+                left -= len(block)
     except OSError as exc:
-        raise UsageError(f"cannot read it ({exc.strerror})", path) from None
+        raise UsageError(f"cannot read it ({exc.strerror or exc})", path) from None
+    data = b"".join(blocks)
+    if len(data) > max_bytes:
+        raise UsageError(f"grew past {max_bytes} bytes while being read", path)
     if sha256 is not None:
-        digest = sha256_bytes(data)
-        if digest != sha256:
+        found = digest.hexdigest()
+        if found != sha256:
             raise UsageError(
-                f"sha256 {digest[:12]}... does not match manifest.json ({sha256[:12]}...)", path
+                f"sha256 {found[:12]}... does not match manifest.json ({sha256[:12]}...)", path
             )
     return data
 

@@ -15,21 +15,29 @@ check are parity.py's.
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import os
 import pathlib
+import re
 
-from ..errors import UsageError
+from ..errors import UsageError, safe
 from .attention import AttentionReference
 from .entries import EvalSpec, FileRef, ModeFailure, ModelEntry
-from .fields import Fields, kind
+from .fields import MAX_ELEMENTS, Fields, kind, parse_json
 from .files import read_inside, write_json_atomic
+from .tensors import DTYPES
 
 FORMAT = "keras-mha-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 # The exporter's modes, in the order tables show them; a manifest may add others.
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
+# A mode name is printed in tables and used in flags: letters, digits, "_.-".
+MODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+MAX_MODES = 32
+MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # an exporter's manifest is ~20 KB
+MAX_SAMPLES = 1_000_000
+MAX_CLASSES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,21 +99,21 @@ class Manifest:
     def read(cls, root: str | os.PathLike) -> Manifest:
         """Read and validate `root/manifest.json` (a regular file of `root`)."""
         root = pathlib.Path(root)
-        if not root.is_dir():
+        try:
+            is_dir = root.is_dir()
+        except (OSError, ValueError) as exc:  # a name too long, a NUL, ...
+            raise UsageError(
+                f"cannot open it ({getattr(exc, 'strerror', None) or exc})", root
+            ) from None
+        if not is_dir:
             raise UsageError(
                 "not a directory (expected a bundle written by `keras-mha-export`)", root
             )
         path = root / MANIFEST
         if not path.exists() and not path.is_symlink():
             raise UsageError("not found; is this a bundle written by `keras-mha-export`?", path)
-        data = read_inside(root, MANIFEST)
-        try:
-            decoded = json.loads(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise UsageError("not valid JSON (not UTF-8 text)", path) from None
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"not valid JSON ({exc})", path) from None
-        return _parse(decoded, path)
+        data = read_inside(root, MANIFEST, max_bytes=MAX_MANIFEST_BYTES)
+        return _parse(parse_json(data, path), path)
 
 
 def ordered(modes) -> list[str]:
@@ -131,12 +139,19 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
     evaluation = EvalSpec(
         file=fields.filename(ev, "file", "eval."),
         sha256=fields.sha256(ev, "sha256", "eval."),
-        samples=fields.integer(ev, "samples", "eval.", minimum=1),
+        samples=fields.integer(ev, "samples", "eval.", minimum=1, maximum=MAX_SAMPLES),
         x_shape=x_shape,
         x_dtype=fields.string(ev, "x_dtype", "eval."),
-        num_classes=fields.integer(ev, "num_classes", "eval.", minimum=2),
+        num_classes=fields.integer(ev, "num_classes", "eval.", minimum=2, maximum=MAX_CLASSES),
         float_accuracy=fields.number(ev, "float_accuracy", "eval."),
     )
+    if evaluation.x_dtype not in DTYPES:
+        raise fields.fail(
+            "eval.x_dtype",
+            f"must be one of {', '.join(DTYPES)}, got {safe(evaluation.x_dtype, 40)!r}",
+        )
+    if evaluation.samples * evaluation.num_classes > MAX_ELEMENTS:
+        raise fields.fail("eval.num_classes", f"makes probs larger than {MAX_ELEMENTS} values")
     if x_shape[0] != evaluation.samples:
         raise fields.fail(
             "eval.x_shape", f"starts with {x_shape[0]} but eval.samples is {evaluation.samples}"
@@ -157,38 +172,66 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
     models = fields.obj(data, "models")
     if not models:
         raise fields.fail("models", "is empty")
+    if len(models) > MAX_MODES:
+        raise fields.fail("models", f"has {len(models)} modes (at most {MAX_MODES})")
+    for mode in models:
+        if not MODE_NAME.match(mode):
+            raise fields.fail(
+                "models",
+                f"has a mode named {safe(mode, 60)!r}; a mode name is 1-32 letters, digits, "
+                "'_', '.' or '-'",
+            )
     entries = {m: ModelEntry.from_json(fields, m, e, evaluation) for m, e in models.items()}
+    # Fields for people, read leniently: a wrong type is ignored, strings are
+    # made safe to print and bounded.
     source = data.get("source_model")
     created_by = data.get("created_by")
     seconds = data.get("export_seconds")
+    requested = data.get("requested")
+    failed = data.get("failed")
+    dataset = source.get("dataset") if isinstance(source, dict) else None
     return Manifest(
         eval=evaluation,
         labels=labels,
         vocab=vocab,
         models=entries,
         format_version=version,
-        created_by=dict(created_by) if isinstance(created_by, dict) else {},
-        created_at=data.get("created_at") if isinstance(data.get("created_at"), str) else None,
+        created_by={
+            safe(k, 60): safe(v, 200)
+            for k, v in (created_by.items() if isinstance(created_by, dict) else ())
+            if isinstance(v, str)
+        },
+        created_at=_text(data.get("created_at")),
         source_model=_source(source),
-        dataset=source.get("dataset") if isinstance(source, dict) else None,
-        requested=tuple(m for m in data.get("requested") or () if isinstance(m, str)),
+        dataset=_text(dataset),
+        requested=tuple(
+            safe(m, 60)
+            for m in (requested if isinstance(requested, list) else ())
+            if isinstance(m, str)
+        ),
         failed={
-            mode: failure
+            safe(mode, 60): failure
             for mode, failure in (
-                (m, ModeFailure.from_json(f)) for m, f in (data.get("failed") or {}).items()
+                (m, ModeFailure.from_json(f))
+                for m, f in (failed.items() if isinstance(failed, dict) else ())
             )
             if failure is not None
-        }
-        if isinstance(data.get("failed"), dict)
-        else {},
-        export_seconds=seconds
-        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        },
+        export_seconds=float(seconds)
+        if isinstance(seconds, (int, float))
+        and not isinstance(seconds, bool)
+        and math.isfinite(seconds)
         else None,
         attention=attention,
     )
 
 
+def _text(value: object, limit: int = 200) -> str | None:
+    """A lenient string field, made safe to print, or None."""
+    return safe(value, limit) if isinstance(value, str) else None
+
+
 def _source(source: object) -> FileRef | None:
     if isinstance(source, dict) and isinstance(source.get("file"), str):
-        return FileRef(source["file"], str(source.get("sha256", "")))
+        return FileRef(safe(source["file"], 255), safe(str(source.get("sha256", "")), 64))
     return None

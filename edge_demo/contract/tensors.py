@@ -14,12 +14,17 @@ with the quotient in float32, as TFLite's QUANTIZE kernel computes it
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from .fields import Fields
 
 DTYPES = ("float32", "float16", "int8", "uint8", "int16", "int32", "int64")
+# A quantization scale the arithmetic stays finite with (float32's normal range,
+# with room for the quotient): real scales are ~1e-6 to ~1.
+MIN_SCALE = 1e-30
+MAX_SCALE = 1e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +88,21 @@ class TensorSpec:
                 raise fields.fail(prefix + "scale", f"must be positive, got {scale!r}")
             if dtype.startswith("float"):
                 raise fields.fail(prefix + "scale", f"must be null for a {dtype} tensor")
-            zero_point = fields.integer(entry, "zero_point", prefix, minimum=-(2**31))
+            if dtype not in ("int8", "uint8", "int16", "int32"):
+                raise fields.fail(prefix + "scale", f"must be null for a {dtype} tensor")
+            info = np.iinfo(dtype)
+            zero_point = fields.integer(
+                entry, "zero_point", prefix, minimum=int(info.min), maximum=int(info.max)
+            )
+            if not MIN_SCALE <= scale <= MAX_SCALE:
+                raise fields.fail(
+                    prefix + "scale", f"must be from {MIN_SCALE:g} to {MAX_SCALE:g}, got {scale!r}"
+                )
         name = entry.get("name")
+        if name is not None and (not isinstance(name, str) or len(name) > 1000):
+            raise fields.fail(prefix + "name", "must be a string of at most 1000 characters")
         return cls(
-            "" if name is None else str(name),
+            "" if name is None else name,
             fields.shape(entry, "shape", prefix),
             dtype,
             scale,
@@ -103,9 +119,11 @@ class TensorSpec:
         x = np.asarray(x)
         if self.scale is not None and self.zero_point is not None:
             info = np.iinfo(dtype)
-            scaled = (x.astype(np.float32) / np.float32(self.scale)).astype(np.float64)
-            rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
-            return np.clip(rounded + self.zero_point, info.min, info.max).astype(dtype)
+            with np.errstate(all="ignore"):  # an overflow saturates, as the kernel's clip does
+                scaled = (x.astype(np.float32) / np.float32(self.scale)).astype(np.float64)
+                rounded = np.sign(scaled) * np.floor(np.abs(scaled) + 0.5)
+                rounded = np.nan_to_num(rounded, nan=0.0)
+                return np.clip(rounded + self.zero_point, info.min, info.max).astype(dtype)
         if dtype.kind in "iu" and x.dtype.kind == "f":
             raise ValueError(f"an unquantized {dtype.name} input takes ids, not {x.dtype.name}")
         return np.ascontiguousarray(x, dtype=dtype)
@@ -115,7 +133,8 @@ class TensorSpec:
         q = np.asarray(q)
         if self.scale is None or self.zero_point is None:
             return q.astype(np.float32)
-        return (q.astype(np.float32) - np.float32(self.zero_point)) * np.float32(self.scale)
+        with np.errstate(all="ignore"):
+            return (q.astype(np.float32) - np.float32(self.zero_point)) * np.float32(self.scale)
 
     def differences(self, other: TensorSpec) -> list[str]:
         """What differs from `other` (shape, dtype, quantization; not the name), as 'this vs other'."""
@@ -127,7 +146,11 @@ class TensorSpec:
         if (self.scale is None) != (other.scale is None):
             found.append(f"scale {self.scale} vs {other.scale}")
         elif self.scale is not None and other.scale is not None:
-            if abs(self.scale - other.scale) > 1e-6 * abs(other.scale):
+            if not (
+                math.isfinite(self.scale)
+                and math.isfinite(other.scale)
+                and abs(self.scale - other.scale) <= 1e-6 * abs(other.scale)
+            ):
                 found.append(f"scale {self.scale:.9g} vs {other.scale:.9g}")
             if self.zero_point != other.zero_point:
                 found.append(f"zero_point {self.zero_point} vs {other.zero_point}")

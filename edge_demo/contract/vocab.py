@@ -14,19 +14,34 @@ cannot write, and export cannot bundle, a vocabulary the device refuses.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import re
+import warnings
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import UsageError, safe
+from .fields import parse_json
 from .files import write_json_atomic
 
 FIELDS = ("tokens", "pad_id", "unk_id", "max_length", "lowercase", "token_pattern")
 # Words, digits and apostrophes ("didn't" is one token); punctuation is dropped.
 TOKEN_PATTERN = r"[a-z0-9']+"
+MAX_VOCAB_BYTES = 16 * 1024 * 1024
+MAX_TOKENS = 1_000_000
+MAX_TOKEN_CHARS = 200
+MAX_LENGTH = 4096  # ids per sentence
+MAX_TEXT_CHARS = 100_000  # of one sentence given to `tokenize`
+# The token patterns the device runs. A bundle's regex runs on the device, so
+# an arbitrary one could backtrack for ever (`(a+)+b`). Accepted: one
+# character class repeated, `[...]+`, optionally in one group and after one
+# optional literal character: `[a-z0-9']+`, `[A-Za-z]+`, `#?([a-z]+)`. Such a
+# pattern matches in linear time (nothing to backtrack into).
+_CLASS = r"\[\^?(?:\\[\\\]\-\^dwsDWS'.]|[^\\\[\]])+\]\+"
+SAFE_PATTERN = re.compile(
+    rf"^(?:(?:\\[^\sA-Za-z0-9]|[^\\\[\]()?*+{{}}|.^$])\?)?(?:{_CLASS}|\({_CLASS}\))$"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +85,14 @@ class Vocab:
         ):
             raise UsageError("field 'tokens' must be a list of strings")
         object.__setattr__(self, "tokens", tuple(self.tokens))
+        if len(self.tokens) > MAX_TOKENS:
+            raise UsageError(f"field 'tokens' has {len(self.tokens)} tokens (at most {MAX_TOKENS})")
+        for i, token in enumerate(self.tokens):
+            if len(token) > MAX_TOKEN_CHARS or safe(token) != token:
+                raise UsageError(
+                    f"field 'tokens' item {i} ({safe(token, 40)!r}) must be at most "
+                    f"{MAX_TOKEN_CHARS} printable characters"
+                )
         if len(self.tokens) < 2:
             raise UsageError(
                 f"field 'tokens' has {len(self.tokens)} token(s); need padding, unknown and words"
@@ -77,12 +100,12 @@ class Vocab:
         index: dict[str, int] = {}
         for i, token in enumerate(self.tokens):
             if token in index:
-                raise UsageError(f"token {token!r} appears twice in 'tokens'")
+                raise UsageError(f"token {safe(token, 60)!r} appears twice in 'tokens'")
             index[token] = i
         for name in ("pad_id", "unk_id", "max_length"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise UsageError(f"field {name!r} must be an integer, got {value!r}")
+                raise UsageError(f"field {name!r} must be an integer, got {safe(repr(value), 60)}")
             object.__setattr__(self, name, int(value))
         for name in ("pad_id", "unk_id"):
             value = getattr(self, name)
@@ -92,18 +115,36 @@ class Vocab:
                 )
         if self.pad_id == self.unk_id:
             raise UsageError("pad_id and unk_id must differ")
-        if self.max_length <= 0:
-            raise UsageError(f"field 'max_length' must be positive, got {self.max_length}")
+        if not 0 < self.max_length <= MAX_LENGTH:
+            raise UsageError(
+                f"field 'max_length' must be from 1 to {MAX_LENGTH}, got {self.max_length}"
+            )
         if not isinstance(self.lowercase, bool):
-            raise UsageError(f"field 'lowercase' must be true or false, got {self.lowercase!r}")
+            raise UsageError(
+                f"field 'lowercase' must be true or false, got {safe(repr(self.lowercase), 60)}"
+            )
         if not isinstance(self.token_pattern, str) or not self.token_pattern:
             raise UsageError("field 'token_pattern' must be a non-empty string")
+        if len(self.token_pattern) > 200:
+            raise UsageError(
+                f"field 'token_pattern' is {len(self.token_pattern)} characters (at most 200)"
+            )
         try:
-            regex = re.compile(self.token_pattern)
-        except re.error as exc:
-            raise UsageError(f"field 'token_pattern' is not a valid regex: {exc}") from None
+            with warnings.catch_warnings():  # "possible nested set": not printed, refused
+                warnings.simplefilter("error")
+                regex = re.compile(self.token_pattern)
+        except (re.error, RecursionError, OverflowError, Warning) as exc:
+            raise UsageError(
+                f"field 'token_pattern' is not a valid regex: {safe(exc, 100)}"
+            ) from None
         if regex.groups > 1:
             raise UsageError("field 'token_pattern' may have at most one group")
+        if not SAFE_PATTERN.match(self.token_pattern):
+            raise UsageError(
+                f"field 'token_pattern' {safe(self.token_pattern, 60)!r} is not a pattern "
+                "this app runs: expected one character class repeated, e.g. "
+                f"{TOKEN_PATTERN!r} or '#?([a-z]+)' (a bundle's regex could run for ever)"
+            )
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_regex", regex)
 
@@ -111,7 +152,12 @@ class Vocab:
         return len(self.tokens)
 
     def tokenize(self, text: str) -> list[str]:
-        """The words of `text`, as `re.findall(token_pattern, text)` finds them."""
+        """The words of `text`, as `re.findall(token_pattern, text)` finds them.
+
+        Raises UsageError for a text longer than `MAX_TEXT_CHARS`.
+        """
+        if len(text) > MAX_TEXT_CHARS:
+            raise UsageError(f"text of {len(text)} characters (at most {MAX_TEXT_CHARS})")
         return self._regex.findall(text.lower() if self.lowercase else text)
 
     def _ids(self, words: list[str]) -> list[int]:
@@ -185,8 +231,4 @@ class Vocab:
     @classmethod
     def parse(cls, text: str | bytes, where: str | os.PathLike = "vocab.json") -> Vocab:
         """A `vocab.json` file's text."""
-        try:
-            data = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise UsageError(f"not valid JSON ({exc})", where) from None
-        return cls.from_json(data, where)
+        return cls.from_json(parse_json(text, where), where)

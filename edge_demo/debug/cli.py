@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..contract.bundle import Bundle, open_bundle
 from ..contract.manifest import Manifest
 from ..errors import UsageError
+from ..runtimes.probe import probe_model
 from ..runtimes.runtime import RUNTIMES, select_runtime
 
 ROWS_SHOWN = 30
@@ -61,6 +62,20 @@ def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = 
         )
     runtime = select_runtime("litert")
     x = bundle.eval.x if sample is None else bundle.eval.x[sample : sample + 1]
+    # Each model's first load, with the debugger's own interpreter options, in
+    # a child process: a malformed model crashes there, not here.
+    for name in sorted({"float32", mode}):
+        entry = bundle.manifest.models[name]
+        try:
+            first = entry.input.quantize(x[:1])
+        except ValueError:
+            first = None
+        probe = probe_model(
+            runtime, bundle.model_bytes[name], bundle.path(entry.file), first, debug=True
+        )
+        if not probe.ok:
+            raise UsageError(probe.reason, bundle.path(entry.file))
+        probe.check_manifest(entry, bundle.path(entry.file))
     heads = _num_heads(bundle, mode)
     print(
         f"bundle   {bundle.root}: {mode} against float32 on "
@@ -75,7 +90,12 @@ def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = 
         floats = (
             debugger.float_ops(bundle.model_bytes[mode]) if mode in debugger.INTEGER_MODES else ()
         )
-    except ValueError as exc:
-        raise UsageError(str(exc), bundle.path(bundle.manifest.models[mode].file)) from None
+    except (ValueError, RuntimeError, KeyError, IndexError) as exc:
+        if isinstance(exc, UsageError):
+            raise
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        raise UsageError(
+            f"the debugger cannot run it ({detail})", bundle.path(bundle.manifest.models[mode].file)
+        ) from None
     print(debugger.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats))
     return 0

@@ -43,7 +43,7 @@ _PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[2])
 # Runs in a fresh interpreter (`python -c`): standard library, numpy and the
 # runtime only, so it works from a copied folder. Model bytes arrive on stdin.
 _PROBE_SCRIPT = r"""
-import importlib, sys
+import importlib, json, sys
 try:
     import resource
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -55,25 +55,42 @@ except Exception:
     pass
 if sys.argv[5]:
     sys.path.insert(0, sys.argv[5])
+options = json.loads(sys.argv[6])
 data = sys.stdin.buffer.read()
 size = int(sys.argv[3])
 content, sample = data[:size], data[size:]
+
+
+def say(*parts):
+    print(" ".join(" ".join(str(p).split()) for p in parts), flush=True)
+
+
+def fill(detail):
+    value = np.zeros(detail["shape"], detail["dtype"])
+    if sample and value.nbytes == len(sample) and value.dtype.name == sys.argv[4]:
+        value = np.frombuffer(sample, value.dtype).reshape(value.shape)
+    return value
+
+
 try:
     import numpy as np
-    interpreter = importlib.import_module(sys.argv[1]).Interpreter(
-        model_content=content, num_threads=1
-    )
+    module = importlib.import_module(sys.argv[1])
+    kwargs = {}
+    if options.get("debug"):  # the quantization debugger's interpreter (LiteRT)
+        kwargs = {
+            "experimental_preserve_all_tensors": True,
+            "experimental_op_resolver_type": module.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+        }
+    interpreter = module.Interpreter(model_content=content, num_threads=1, **kwargs)
     interpreter.allocate_tensors()
     for detail in interpreter.get_input_details():
-        value = np.zeros(detail["shape"], detail["dtype"])
-        if sample and value.nbytes == len(sample) and value.dtype.name == sys.argv[4]:
-            value = np.frombuffer(sample, value.dtype).reshape(value.shape)
-        interpreter.set_tensor(detail["index"], value)
+        interpreter.set_tensor(detail["index"], fill(detail))
     interpreter.invoke()
+    for detail in interpreter.get_output_details():
+        interpreter.get_tensor(detail["index"])
 except BaseException as exc:
-    print("PROBE-ERROR " + " ".join(f"{type(exc).__name__}: {exc}".split()), flush=True)
+    say("PROBE-ERROR", f"{type(exc).__name__}: {exc}")
     sys.exit(3)
-import json
 tensors = []
 for detail in interpreter.get_input_details() + interpreter.get_output_details():
     scale, zero_point = detail["quantization"]
@@ -83,7 +100,30 @@ for detail in interpreter.get_input_details() + interpreter.get_output_details()
         "quantization": [float(scale), int(zero_point)],
         "input": len(tensors) < len(interpreter.get_input_details()),
     })
-print("PROBE-OK " + json.dumps(tensors), flush=True)
+say("PROBE-OK", json.dumps(tensors))
+# Every signature, each in its own interpreter as the app makes them: a
+# signature whose subgraph index or tensor indices are corrupt crashes here,
+# in the child, never in the app.
+listed = getattr(interpreter, "get_signature_list", None)
+names = []
+try:
+    names = sorted(listed()) if listed is not None else []
+except BaseException as exc:
+    say("PROBE-SIGNATURES-ERROR", f"{type(exc).__name__}: {exc}")
+for name in names:
+    try:
+        fresh = module.Interpreter(model_content=content, num_threads=1, **kwargs)
+        fresh.allocate_tensors()
+        runner = fresh.get_signature_runner(name)
+        inputs = runner.get_input_details()
+        outputs = runner.get_output_details()
+        found = runner(**{key: fill(detail) for key, detail in inputs.items()})
+        for key in outputs:
+            found[key]
+        say("PROBE-SIGNATURE-OK", json.dumps(name))
+    except BaseException as exc:
+        say("PROBE-SIGNATURE-ERROR", json.dumps(name), f"{type(exc).__name__}: {exc}")
+say("PROBE-DONE")
 """
 
 
@@ -95,6 +135,8 @@ class ProbeResult:
     reason: str = ""  # why the runtime cannot run it (the mode is then skipped)
     inputs: tuple[TensorSpec, ...] = ()  # as the child's interpreter saw them
     outputs: tuple[TensorSpec, ...] = ()
+    # Signatures the runtime refused (an exception, not a crash): name -> why.
+    signature_errors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def check_manifest(self, entry: ModelEntry, where: str | os.PathLike) -> None:
         """Raise UsageError if the probed tensors differ from the manifest entry."""
@@ -102,6 +144,8 @@ class ProbeResult:
 
 
 def _signal_name(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit {returncode}"
     try:
         return signal.Signals(-returncode).name
     except ValueError:
@@ -113,6 +157,7 @@ def probe_model(
     content: bytes,
     where: str | os.PathLike,
     sample: np.ndarray | None = None,
+    debug: bool = False,
 ) -> ProbeResult:
     """Load, allocate and invoke a model once in a child process.
 
@@ -120,9 +165,17 @@ def probe_model(
     zeros are used without it, which some models cannot take (an all-padding
     sentence makes a mean over no tokens).
 
+    Then every signature the model lists (`get_signature_list`) is loaded
+    and invoked, each in a fresh interpreter, with every output read: the
+    app's first use of a signature (the attention `view`) never meets a
+    corrupt subgraph index first. `debug`: the quantization debugger's
+    interpreter options (LiteRT builtin kernels, all tensors kept).
+
     Returns ProbeResult(ok=False, reason) if the runtime says it lacks an op or
-    kernel (the caller skips the mode). Raises UsageError naming `where` if the
-    child crashes, runs out of memory, hangs, or rejects the model otherwise.
+    kernel (the caller skips the mode, unless the manifest says this runtime
+    ran it). Raises UsageError naming `where` if the child crashes (a signal,
+    also while running a signature), runs out of memory, hangs, or rejects the
+    model otherwise.
     """
     if not sys.executable:
         return ProbeResult(True)  # embedded Python: no way to start a child
@@ -133,7 +186,13 @@ def probe_model(
     argv = [sys.executable, "-c", _PROBE_SCRIPT, runtime.module, str(memory_limit)]
     try:
         proc = subprocess.run(
-            [*argv, str(len(content)), dtype, _PACKAGE_PARENT if inside_package else ""],
+            [
+                *argv,
+                str(len(content)),
+                dtype,
+                _PACKAGE_PARENT if inside_package else "",
+                json.dumps({"debug": debug}),
+            ],
             input=content + sample_bytes,
             capture_output=True,
             timeout=PROBE_TIMEOUT_S,
@@ -146,6 +205,16 @@ def probe_model(
     stdout = proc.stdout.decode("utf-8", "replace")
     stderr = proc.stderr.decode("utf-8", "replace")
     ok = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-OK ")]
+    done = "PROBE-DONE" in stdout.splitlines()
+    if proc.returncode < 0 or (ok and not done):
+        running = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-SIGNATURE")]
+        stage = "running its signatures" if ok else "loading it"
+        raise UsageError(
+            f"{runtime.name} {runtime.version} crashed {stage} ({_signal_name(proc.returncode)}"
+            f"{', after ' + str(len(running)) + ' signature(s)' if ok else ''}): "
+            "not a usable TFLite model",
+            where,
+        )
     if proc.returncode == 0 and ok:
         try:
             tensors = [
@@ -156,16 +225,16 @@ def probe_model(
             raise UsageError(
                 f"{runtime.name} probe said something unexpected ({exc})", where
             ) from None
+        errors = {}
+        for line in stdout.splitlines():
+            if line.startswith("PROBE-SIGNATURE-ERROR "):
+                name, _, detail = line[len("PROBE-SIGNATURE-ERROR ") :].partition('" ')
+                errors[name.strip('"')[:100]] = detail[:300]
         return ProbeResult(
             True,
             inputs=tuple(info for is_input, info in tensors if is_input),
             outputs=tuple(info for is_input, info in tensors if not is_input),
-        )
-    if proc.returncode < 0:
-        raise UsageError(
-            f"{runtime.name} {runtime.version} crashed loading it ({_signal_name(proc.returncode)}): "
-            "not a usable TFLite model",
-            where,
+            signature_errors=errors,
         )
     lines = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-ERROR ")]
     detail = (

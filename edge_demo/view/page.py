@@ -210,9 +210,18 @@ def render_html(data: ViewData) -> str:
     )
 
 
-def write_html(path: str | os.PathLike, data: ViewData) -> pathlib.Path:
-    """Write the page to `path` atomically (a temporary file, then a rename)."""
+def write_html(
+    path: str | os.PathLike,
+    data: ViewData,
+    flag: str | None = None,
+    protected: str | os.PathLike | None = None,
+) -> pathlib.Path:
+    """Write the page to `path` atomically (a temporary file, then a rename).
+
+    With `flag` (the user's option, e.g. "--view"), `path` must be a new or
+    regular file outside `protected` (`files.check_output`).
+    """
     text = render_html(data)  # validates before anything is written
     path = pathlib.Path(path)
-    write_bytes_atomic(path, text.encode("utf-8"))
+    write_bytes_atomic(path, text.encode("utf-8", "backslashreplace"), flag, protected)
     return path

@@ -1,0 +1,23 @@
+"""The edge command line, parsed: `DemoOptions` (cli.py parses, runs.py runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    """The command line, parsed."""
+
+    bundle: pathlib.Path
+    quant: str | None = None  # None or "all" = every mode in the manifest
+    runtime: str = "auto"  # "auto" | "litert" | "tflite-runtime"
+    threads: int = 1
+    repeat: int = 1
+    json_path: pathlib.Path | None = None
+    wide: bool = False  # the parity table with every column
+    sample: int | None = None
+    text: str | None = None
+    view: pathlib.Path | None = None
+    debug: str | None = None  # --debug MODE (debug/cli.py)
