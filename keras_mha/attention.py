@@ -8,11 +8,17 @@
 (2) every head runs scaled dot-product attention in parallel,
 (3) the head outputs are concatenated and one matrix W^O mixes them.
 
-Every equation is a line of `_per_head_attention`; `_fused_attention` computes
-the same numbers for all heads at once from the same weights. The weights sit
-in Keras `EinsumDense` sublayers laid out exactly as in
+The whole layer is the class below, in this order: the constructor, `build`,
+`call` (which picks the path), the lesson (`_per_head_attention`: each
+equation a line), the fused path (`_fused_attention` and Keras's override
+point `_compute_attention`: the same numbers for all heads at once), masks,
+shapes, config, and the per-head accessors (`head_weights`, `pruned`,
+`concat_heads`, `from_keras`, `to_keras`). The weights sit in Keras
+`EinsumDense` sublayers laid out exactly as in
 `keras.layers.MultiHeadAttention`, with the head axis kept: W_i^Q is
-`query_kernel[:, i, :]` (docs/layer.md says why).
+`query_kernel[:, i, :]` (docs/layer.md says why). Helpers of explicit
+arguments sit beside it: attention_masks.py (masks, axes, input
+resolution), attention_weights.py (weight slicing, copying, 0.1 files).
 """
 
 from __future__ import annotations
@@ -20,25 +26,45 @@ from __future__ import annotations
 import inspect
 
 import keras
-from keras import ops
+import numpy as np
+from keras import constraints, initializers, ops, regularizers
 
-from keras_mha.attention_axes import causal_mask, inverse_sqrt, sliding_window_mask
-from keras_mha.attention_base import (
-    IMPLEMENTATIONS,
-    MultiHeadAttentionBase,
+from keras_mha import attention_weights as weights_io
+from keras_mha.attention_masks import (
+    AttentionAxes,
+    InputMasks,
+    causal_mask,
+    check_input_masks,
     get_keras_mask,
+    head_mask_tensor,
+    inverse_sqrt,
+    mask_for_head,
+    projection_equation,
     resolve_inputs,
     set_keras_mask,
+    sliding_window_mask,
 )
 
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
 
+IMPLEMENTATIONS = ("fused", "per_head")
+
 # Masked scores sit this far below the row's smallest score (see _masked_softmax).
 _MASK_MARGIN = 16.0
 
+# The projections' public names (private ones: a leading "_"), in Keras's
+# order, and their sublayer names.
+_PROJECTIONS = (
+    ("query_dense", "query"),
+    ("key_dense", "key"),
+    ("gate_dense", "gate"),
+    ("value_dense", "value"),
+    ("output_dense", "attention_output"),
+)
+
 
 @keras.saving.register_keras_serializable(package="keras_mha")
-class MultiHeadAttention(MultiHeadAttentionBase):
+class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with the lesson's per-head matrices, a drop-in
     replacement for `keras.layers.MultiHeadAttention`.
 
@@ -100,8 +126,11 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         seed: Seed for the dropout layer.
         implementation: `"fused"` (default) computes all heads in one batched
             contraction; `"per_head"` loops over the heads and concatenates
-            them explicitly, line for line with the lesson. Both use the same
-            weights and agree to ~1e-6.
+            them explicitly, line for line with the lesson
+            (`_per_head_attention`), for the lesson's case: float kernels,
+            rank-3 inputs, an int `output_shape`, no activity regularizer, no
+            subclass `_compute_attention`. Other cases run fused under either
+            name. Both use the same weights and agree to ~1e-6.
         **kwargs: Base layer arguments (`name`, `dtype`, ...).
 
     Call arguments:
@@ -141,6 +170,184 @@ class MultiHeadAttention(MultiHeadAttentionBase):
     Reference: Vaswani et al., "Attention Is All You Need", 2017, section 3.2.
     """
 
+    # How `_fused_attention` calls `_compute_attention`, decided once per class
+    # (`__init_subclass__`): whether a subclass overrides it, and whether the
+    # override takes `return_attention_scores` (keras-hub's shorter signature
+    # `(query, key, value, attention_mask=None, training=None)` does not).
+    _overrides_compute_attention = False
+    _compute_attention_takes_scores_flag = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        method = cls._compute_attention
+        cls._overrides_compute_attention = method is not MultiHeadAttention._compute_attention
+        params = inspect.signature(method).parameters.values()
+        cls._compute_attention_takes_scores_flag = any(
+            p.name == "return_attention_scores" or p.kind is p.VAR_KEYWORD for p in params
+        )
+
+    # ------------------------------------------------------------ constructor
+    def __init__(
+        self,
+        num_heads: int,
+        key_dim: int | None = None,
+        value_dim: int | None = None,
+        dropout: float = 0.0,
+        use_bias: bool = True,
+        output_shape=None,
+        attention_axes=None,
+        sliding_window: int | None = None,
+        flash_attention: bool | None = None,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        use_gate: bool = False,
+        seed: int | None = None,
+        implementation: str = "fused",
+        **kwargs,
+    ):
+        _check_positive_int("num_heads", num_heads)
+        _check_positive_int("key_dim", key_dim, allow_none=True)
+        _check_positive_int("value_dim", value_dim, allow_none=True)
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0.0 <= dropout < 1.0
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `dropout`, expected a "
+                f"float in [0, 1). Received: dropout={dropout!r}"
+            )
+        if implementation not in IMPLEMENTATIONS:
+            raise ValueError(
+                "Received an invalid value for argument `implementation`, "
+                f"expected one of {IMPLEMENTATIONS}. "
+                f"Received: implementation={implementation!r}"
+            )
+        if sliding_window is not None and (
+            isinstance(sliding_window, bool)
+            or not isinstance(sliding_window, (int, np.integer))
+            or sliding_window <= 0
+        ):
+            raise ValueError(
+                "`sliding_window` must be `None` or a positive integer. "
+                f"Received: sliding_window={sliding_window!r}"
+            )
+        super().__init__(**kwargs)
+        self.supports_masking = True
+        self.num_heads = int(num_heads)
+        self.key_dim = None if key_dim is None else int(key_dim)
+        self.value_dim = None if value_dim is None else int(value_dim)
+        self.dropout = float(dropout)
+        self.use_bias = bool(use_bias)
+        self.implementation = implementation
+        self._output_shape = _output_shape_arg(output_shape)
+        self.attention_axes = _attention_axes_arg(attention_axes)
+        self._sliding_window = None if sliding_window is None else int(sliding_window)
+        self._flash_attention_arg = flash_attention
+        self._flash_attention = flash_attention or keras.config.is_flash_attention_enabled()
+        if self._flash_attention and self.dropout > 0.0:
+            raise ValueError(
+                "Dropout is not supported when flash attention is enabled. "
+                "Please set dropout to 0.0 to use flash attention."
+            )
+        self._use_gate = bool(use_gate)
+        self.kernel_initializer = initializers.get(kernel_initializer)
+        self.bias_initializer = initializers.get(bias_initializer)
+        self.kernel_regularizer = regularizers.get(kernel_regularizer)
+        self.bias_regularizer = regularizers.get(bias_regularizer)
+        self._activity_regularizer = regularizers.get(activity_regularizer)
+        self.kernel_constraint = constraints.get(kernel_constraint)
+        self.bias_constraint = constraints.get(bias_constraint)
+        self.seed = seed
+        self._dropout_layer = keras.layers.Dropout(
+            rate=self.dropout, seed=seed, dtype=self.dtype_policy
+        )
+        # Resolved in build(): the lesson's d_model, d_k, d_v, and the axes.
+        self.d_model = None
+        self.d_k = None
+        self.d_v = None
+        self._axes = None
+        for attr, _ in _PROJECTIONS:
+            setattr(self, f"_{attr}", None)
+
+    @property
+    def use_gate(self) -> bool:
+        return self._use_gate
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self._sliding_window
+
+    # ------------------------------------------------------------------ build
+    def build(self, query_shape, value_shape=None, key_shape=None):
+        value_shape = query_shape if value_shape is None else value_shape
+        key_shape = value_shape if key_shape is None else key_shape
+        d_model, d_k, d_v = self._resolve_dims(query_shape, value_shape, key_shape)
+        self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
+        rank = len(query_shape)
+        self._axes = AttentionAxes(rank, self.attention_axes)
+        self._d_out = self._output_shape or (d_model,)
+        self._d_key_in = int(key_shape[-1])
+        self._d_value_in = int(value_shape[-1])
+        h = self.num_heads
+        # Head i owns kernel[:, i, :] of every input projection.
+        inputs = {
+            "query": (query_shape, d_k),
+            "key": (key_shape, d_k),
+            "gate": (query_shape, d_v),
+            "value": (value_shape, d_v),
+        }
+        equation, bias_axes, _ = projection_equation(rank - 1, 1, 2)
+        for attr, name in _PROJECTIONS[:-1]:
+            if name == "gate" and not self._use_gate:
+                continue
+            shape, size = inputs[name]
+            dense = keras.layers.EinsumDense(
+                equation,
+                output_shape=[None] * (rank - 2) + [h, size],
+                bias_axes=bias_axes if self.use_bias else None,
+                activation="sigmoid" if name == "gate" else None,
+                name=name,
+                **self._sublayer_kwargs(),
+            )
+            dense.build(shape)
+            setattr(self, f"_{attr}", dense)
+        # W^O contracts (h, d_v): output_kernel[i] reads head i.
+        equation, bias_axes, _ = projection_equation(rank - 1, 2, len(self._d_out))
+        self._output_dense = keras.layers.EinsumDense(
+            equation,
+            output_shape=[None] * (rank - 2) + list(self._d_out),
+            bias_axes=bias_axes if self.use_bias else None,
+            name="attention_output",
+            **self._sublayer_kwargs(),
+        )
+        self._output_dense.build(tuple(query_shape[:-1]) + (h, d_v))
+        self._dropout_layer.build(None)
+        self.built = True
+
+    def _sublayer_kwargs(self) -> dict:
+        """Keras's: fresh initializer instances per projection (so they are
+        not equal), and the layer's dtype policy (or policy map)."""
+
+        def fresh(init):
+            return init.__class__.from_config(init.get_config())
+
+        return {
+            "kernel_initializer": fresh(self.kernel_initializer),
+            "bias_initializer": fresh(self.bias_initializer),
+            "kernel_regularizer": self.kernel_regularizer,
+            "bias_regularizer": self.bias_regularizer,
+            "activity_regularizer": self._activity_regularizer,
+            "kernel_constraint": self.kernel_constraint,
+            "bias_constraint": self.bias_constraint,
+            "dtype": self.dtype_policy,
+        }
+
     # ------------------------------------------------------------------- call
     def call(
         self,
@@ -157,202 +364,137 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         head_mask=None,
     ):
         query, value, key, masks = resolve_inputs(
-            query, value, key, query_mask, value_mask, key_mask
+            query=query,
+            value=value,
+            key=key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
         )
         # As Keras's layer does: the masks are used here, so the projections
         # are not handed masked tensors (they would warn that they drop them).
         for x in (query, value, key):
             set_keras_mask(x, None)
         output, scores = self._attend(
-            query,
-            value,
-            key,
-            masks,
-            attention_mask,
-            use_causal_mask,
-            training,
-            return_attention_scores,
-            head_mask,
+            query=query,
+            value=value,
+            key=key,
+            masks=masks,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            head_mask=head_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
         )
         if return_attention_scores:
             return output, scores
         return output
 
-    def concat_heads(
-        self,
-        query,
-        value=None,
-        key=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-        attention_mask=None,
-        use_causal_mask=False,
-        head_mask=None,
-    ):
-        """Concat(head_1, ..., head_h) before W^O: `(B, T, h * d_v)`.
-
-        Head `i` fills columns `i*d_v:(i+1)*d_v` (gated with `use_gate`);
-        the layer's output is this times `reshape(output_kernel, (h*d_v, -1))`
-        plus `output_bias`. Arguments as for `call` (inference: no dropout),
-        masks carried by the inputs included. A plain method, not a Keras
-        call: inputs are cast to the layer's compute dtype. Used to refit W^O
-        after pruning.
-        """
-        self._require_built("concat_heads")
-        # The masks as a call reads them (Keras's `__call__` fills in the
-        # carried ones there; a plain method reads them itself).
-        *tensors, masks = resolve_inputs(query, value, key, query_mask, value_mask, key_mask)
-        plain = {}
-        for x in tensors:
-            if id(x) not in plain:
-                y = ops.cast(x, self.compute_dtype)
-                # A copy without the mask (used here, as in `call`), leaving the
-                # caller's tensor as it was: the projections would warn of it.
-                plain[id(x)] = ops.copy(y) if get_keras_mask(y) is not None else y
-        query, value, key = (plain[id(x)] for x in tensors)
-        concat, _ = self._attend(
-            query,
-            value,
-            key,
-            masks,
-            attention_mask,
-            use_causal_mask,
-            False,
-            False,
-            head_mask,
-            project=False,
-        )
-        return concat
-
     def _attend(
         self,
+        *,
         query,
         value,
         key,
-        masks,
+        masks: InputMasks,
         attention_mask,
         use_causal_mask,
+        head_mask,
         training,
         return_attention_scores,
-        head_mask,
-        project=True,
+        concat_only=False,
     ):
-        self._check_call_shapes(query, value, key, attention_mask, masks)
-        gate = None if head_mask is None else self._head_mask(head_mask)
-        if self.implementation == "per_head":
-            if self._overrides_compute_attention():
-                raise ValueError(
-                    "implementation='per_head' computes each head itself; a subclass "
-                    "that overrides `_compute_attention` needs implementation='fused'."
-                )
+        """The path, chosen once: the lesson when it applies, else fused.
+        `concat_only`: stop before W^O (for `concat_heads`)."""
+        self._check_call_shapes(
+            query=query, value=value, key=key, attention_mask=attention_mask, masks=masks
+        )
+        if head_mask is not None:
+            head_mask = head_mask_tensor(
+                head_mask, num_heads=self.num_heads, dtype=self.compute_dtype
+            )  # [B or 1, h]
+        if self._runs_lesson():
             mask = self._compute_attention_mask(
-                query, value, *masks, attention_mask, use_causal_mask
+                query,
+                value,
+                query_mask=masks.query,
+                value_mask=masks.value,
+                key_mask=masks.key,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
             )
-            return self._per_head_attention(query, key, value, mask, training, gate, project)
+            return self._per_head_attention(
+                query,
+                key,
+                value,
+                mask=mask,
+                training=training,
+                head_mask=head_mask,
+                concat_only=concat_only,
+            )
         return self._fused_attention(
-            query,
-            key,
-            value,
-            masks,
-            attention_mask,
-            use_causal_mask,
-            training,
-            return_attention_scores,
-            gate,
-            project,
+            query=query,
+            key=key,
+            value=value,
+            masks=masks,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            head_mask=head_mask,
+            training=training,
+            return_attention_scores=return_attention_scores,
+            concat_only=concat_only,
         )
 
-    def _overrides_compute_attention(self) -> bool:
-        return type(self)._compute_attention is not MultiHeadAttention._compute_attention
+    def _runs_lesson(self) -> bool:
+        """Whether the call takes the lesson's path: `implementation="per_head"`
+        and the case the lesson teaches. The others compute the same numbers
+        fused (tested for every option)."""
+        return (
+            self.implementation == "per_head"
+            and self._axes.simple  # rank-3 inputs, attention over T
+            and len(self._d_out) == 1  # W^O is a matrix: `output_shape` an int
+            and all(d.quantization_mode is None for d in self._projections())  # float kernels
+            and self._activity_regularizer is None  # the sublayers' calls add its losses
+            and not self._overrides_compute_attention  # a subclass's attention is called
+        )
 
     # ---------------------------------------------------- the lesson, per head
-    def _head_projection(self, dense, x, i, full=None):
-        """x W_i + b_i for head i: `(B, <dims>, d_in) -> (B, <dims>, d)`.
+    def _per_head_attention(
+        self, query, key, value, mask, training, head_mask=None, concat_only=False
+    ):
+        """The lesson: each head projects (1) and attends (2); Concat, W^O (3).
 
-        A quantized projection has no float matrix to slice: its (quantized)
-        output for every head is computed once and head i's slice read.
+        query [B, T, d_model], key [B, S, d_key], value [B, S, d_value];
+        mask: boolean [B|1, h|1, T|1, S|1] or None; head_mask: [B|1, h] or None.
         """
-        if dense.quantization_mode is not None:
-            return full[..., i, :]
-        y = ops.matmul(x, dense.kernel[:, i, :])  # x W_i
-        if dense.bias is not None:
-            y = y + dense.bias[i]
-        return y
-
-    def _per_head_attention(self, query, key, value, mask, training, gate, project=True):
-        """The lesson, line by line: each head on its own, then Concat, W^O."""
-        axes = self._axes
-        mask = None if mask is None else axes.flatten_mask(mask, query, key)  # [B, h|1, T, S]
-        full = {
-            a: getattr(self, a)(x) if getattr(self, a).quantization_mode is not None else None
-            for a, x in (("_query_dense", query), ("_key_dense", key), ("_value_dense", value))
-            + ((("_gate_dense", query),) if self._use_gate else ())
-        }
-        heads, head_scores = [], []
-        projected = {"_query_dense": [], "_key_dense": [], "_value_dense": [], "_gate_dense": []}
+        heads, weights = [], []
         for i in range(self.num_heads):
-            q_i = self._head_projection(
-                self._query_dense, query, i, full["_query_dense"]
-            )  # Q W_i^Q
-            k_i = self._head_projection(self._key_dense, key, i, full["_key_dense"])  # K W_i^K
-            v_i = self._head_projection(
-                self._value_dense, value, i, full["_value_dense"]
-            )  # V W_i^V
-            projected["_query_dense"].append(q_i)
-            projected["_key_dense"].append(k_i)
-            projected["_value_dense"].append(v_i)
-            mask_i = None if mask is None else mask[:, i if mask.shape[1] > 1 else 0]  # [B, T, S]
+            q_i = self._head_projection(self.query_dense, query, i)  # (1) Q W_i^Q  [B, T, d_k]
+            k_i = self._head_projection(self.key_dense, key, i)  # (1) K W_i^K  [B, S, d_k]
+            v_i = self._head_projection(self.value_dense, value, i)  # (1) V W_i^V  [B, S, d_v]
             head_i, weights_i = self._scaled_dot_product_attention(
-                axes.to_rows(q_i), axes.to_rows(k_i), axes.to_rows(v_i), mask_i, training
-            )  # [B, T, d_v], [B, T, S]
-            head_i = axes.from_rows(head_i, q_i)
-            if self._use_gate:  # head_i * sigmoid(Q W_i^G + b_i^G)
-                g_i = self._head_projection(self._gate_dense, query, i, full["_gate_dense"])
-                g_i = ops.sigmoid(g_i) if full["_gate_dense"] is None else g_i
-                projected["_gate_dense"].append(g_i)
-                head_i = head_i * g_i
-            if gate is not None:
-                head_i = head_i * self._head_mask_for(gate, head_i, i)
+                q_i, k_i, v_i, mask=mask_for_head(mask, i), training=training
+            )  # (2) softmax(q_i k_i^T / sqrt(d_k)) v_i  [B, T, d_v], [B, T, S]
+            if self.use_gate:  # optional sigmoid gate: head_i * sigmoid(Q W_i^G + b_i^G)
+                head_i = head_i * ops.sigmoid(self._head_projection(self.gate_dense, query, i))
+            if head_mask is not None:  # head analysis: head_i * head_mask[:, i] (0 silences it)
+                head_i = head_i * head_mask[:, i, None, None]
             heads.append(head_i)
-            head_scores.append(weights_i)
-        # re-assemble all head outputs side by side: Concat(head_1..head_h)
-        # A layer call (not concat_heads, a plain method outside Keras's call
-        # context, where nothing would clear them) adds the projections'
-        # activity losses: each projection's output, its heads side by side
-        # as EinsumDense's.
-        for attr, parts in projected.items():
-            if project and parts:
-                self._add_activity_loss(getattr(self, attr), parts)
-        concat = ops.concatenate(heads, axis=-1)  # [B, T, h * d_v]
-        scores = axes.unflatten_scores(ops.stack(head_scores, axis=1), query, key)  # [B, h, T, S]
-        if not project:
-            return concat, scores
-        if self._output_dense.quantization_mode is not None:
-            return self._output_dense(ops.stack(heads, axis=-2)), scores
-        w_o = ops.reshape(self._output_dense.kernel, (self.num_heads * self.d_v, -1))
-        output = ops.matmul(concat, w_o)  # Concat(...) W^O
-        if len(self._d_out) > 1:
-            output = ops.reshape(output, tuple(ops.shape(output)[:-1]) + self._d_out)
+            weights.append(weights_i)
+        concat = ops.concatenate(heads, axis=-1)  # (3) Concat(head_1..head_h)  [B, T, h * d_v]
+        if concat_only:  # concat_heads stops before W^O
+            return concat, None
+        w_o = ops.reshape(self.output_dense.kernel, (self.num_heads * self.d_v, -1))  # W^O
+        output = ops.matmul(concat, w_o)  # (3) Concat(head_1..head_h) W^O  [B, T, d_out]
         if self.use_bias:
-            output = output + self._output_dense.bias
-        self._add_activity_loss(self._output_dense, output)
-        return output, scores  # [B, T, d_out], [B, h, T, S]
+            output = output + self.output_dense.bias  # + b^O
+        return output, ops.stack(weights, axis=1)  # [B, T, d_out], [B, h, T, S]
 
     @staticmethod
-    def _add_activity_loss(dense, output):
-        """What calling `dense` would have added: the per-head path computes its
-        output from the kernel, so it adds the sublayer's activity regularizer
-        loss itself, divided by the batch size as Keras's `Layer.__call__`
-        does. `output`: the projection's output, or its heads' outputs to
-        stack as EinsumDense's. A quantized projection was called and added
-        its own."""
-        if dense.activity_regularizer is None or dense.quantization_mode is not None:
-            return
-        if isinstance(output, list):
-            output = ops.stack(output, axis=-2)
-        loss = dense.activity_regularizer(output)
-        dense.add_loss(ops.divide_no_nan(loss, ops.cast(ops.shape(output)[0], loss.dtype)))
+    def _head_projection(dense, x, i):
+        """Step (1) for head i: x W_i + b_i with W_i = `dense.kernel[:, i, :]`."""
+        y = ops.matmul(x, dense.kernel[:, i, :])  # x W_i
+        return y if dense.bias is None else y + dense.bias[i]
 
     def _scaled_dot_product_attention(self, q, k, v, mask, training):
         """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one or all heads.
@@ -385,19 +527,21 @@ class MultiHeadAttention(MultiHeadAttentionBase):
     # ------------------------------------------------------- all heads fused
     def _fused_attention(
         self,
+        *,
         query,
         key,
         value,
-        masks,
+        masks: InputMasks,
         attention_mask,
         use_causal_mask,
+        head_mask,
         training,
         return_attention_scores,
-        gate,
-        project=True,
+        concat_only=False,
     ):
-        """All heads at once: one EinsumDense per projection, the heads a
-        batch axis of the attention, W^O one contraction over (h, d_v)."""
+        """All heads at once: one EinsumDense per projection (quantized, LoRA,
+        activity regularizer: as Keras's sublayers do it), the heads a batch
+        axis of `_compute_attention`, W^O one contraction over (h, d_v)."""
         # Causal alone: no (T, S) mask is built; the backend's causal kernel
         # may run (as in Keras). A subclass always receives the mask.
         causal_only = (
@@ -405,46 +549,41 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             and all(m is None for m in masks)
             and attention_mask is None
             and self._sliding_window is None
-            and not self._overrides_compute_attention()
+            and not self._overrides_compute_attention
         )
         mask = None
         if not causal_only:
             mask = self._compute_attention_mask(
-                query, value, *masks, attention_mask, use_causal_mask
+                query,
+                value,
+                query_mask=masks.query,
+                value_mask=masks.value,
+                key_mask=masks.key,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
             )
-        gate_values = self._gate_dense(query) if self._use_gate else None  # [B, T, h, d_v]
+        gate = self._gate_dense(query) if self._use_gate else None  # sigmoid  [B, T, h, d_v]
         q = self._query_dense(query)  # [B, T, h, d_k]
         k = self._key_dense(key)  # [B, S, h, d_k]
         v = self._value_dense(value)  # [B, S, h, d_v]
-        extra = {"use_causal_mask": True} if causal_only else {}
-        heads, scores = self._call_compute_attention(
-            q, k, v, mask, training, return_attention_scores, extra
+        options = {}
+        if self._compute_attention_takes_scores_flag:
+            options["return_attention_scores"] = return_attention_scores
+        if causal_only:
+            options["use_causal_mask"] = True
+        heads, scores = self._compute_attention(
+            query=q, key=k, value=v, attention_mask=mask, training=training, **options
         )  # [B, T, h, d_v], [B, h, T, S]
-        if gate_values is not None:
-            heads = heads * gate_values
         if gate is not None:
-            heads = (
-                heads * gate[:, None, :, None]
-                if len(heads.shape) == 4
-                else heads
-                * ops.reshape(gate, (-1,) + (1,) * (len(heads.shape) - 3) + (self.num_heads, 1))
-            )
-        if not project:
+            heads = heads * gate
+        if head_mask is not None:  # [B|1, h] -> [B|1, 1.., h, 1]
+            rank = len(heads.shape)
+            heads = heads * ops.reshape(head_mask, (-1,) + (1,) * (rank - 3) + (self.num_heads, 1))
+        if concat_only:
             # re-assemble all head outputs side by side: Concat(head_1..head_h)
             shape = tuple(ops.shape(heads)[:-2]) + (self.num_heads * self.d_v,)
-            return ops.reshape(heads, shape), scores  # [B, T, h * d_v]
+            return ops.reshape(heads, shape), None  # [B, T, h * d_v]
         return self._output_dense(heads), scores  # Concat(...) W^O   [B, T, d_out]
-
-    def _call_compute_attention(self, q, k, v, mask, training, return_scores, extra):
-        method = self._compute_attention
-        if self._overrides_compute_attention():
-            # keras-hub's subclasses take (query, key, value, attention_mask, training).
-            params = inspect.signature(method).parameters
-            if "return_attention_scores" not in params and not any(
-                p.kind is p.VAR_KEYWORD for p in params.values()
-            ):
-                return method(q, k, v, mask, training)
-        return method(q, k, v, mask, training, return_scores, **extra)
 
     def _compute_attention(
         self,
@@ -471,6 +610,11 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         Returns:
             `(attention_output (B, T, h, d_v), scores (B, h, T, S) or None)`.
 
+        A subclass that overrides it runs on the fused path whatever
+        `implementation` says, called by keyword; keras-hub's shorter
+        signature `(query, key, value, attention_mask=None, training=None)`
+        is accepted.
+
         With rank-3 inputs, no dropout and no scores requested, this goes
         through `keras.ops.dot_product_attention` (flash when the backend
         has it and `flash_attention` allows) on JAX and PyTorch, and on
@@ -486,18 +630,19 @@ class MultiHeadAttention(MultiHeadAttentionBase):
                 " attention scores."
             )
         axes = self._axes
+        use_dot_product = self._use_dot_product_attention(
+            query=query, value=value, return_attention_scores=return_attention_scores
+        )
         if attention_mask is not None:
             attention_mask = axes.expand_mask(ops.cast(attention_mask, "bool"))
         if use_causal_mask:
             causal = axes.expand_mask(causal_mask(query, key))
-            if attention_mask is not None or not self._use_dot_product_attention(
-                query, value, return_attention_scores
-            ):
+            if attention_mask is not None or not use_dot_product:
                 attention_mask = (
                     causal if attention_mask is None else ops.logical_and(attention_mask, causal)
                 )
                 use_causal_mask = False
-        if self._use_dot_product_attention(query, value, return_attention_scores):
+        if use_dot_product:
             output = ops.dot_product_attention(
                 query,
                 key,
@@ -513,11 +658,15 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             return output, None
         mask = None if attention_mask is None else axes.flatten_mask(attention_mask, query, key)
         heads, weights = self._scaled_dot_product_attention(
-            axes.to_heads(query), axes.to_heads(key), axes.to_heads(value), mask, training
+            axes.to_heads(query),
+            axes.to_heads(key),
+            axes.to_heads(value),
+            mask=mask,
+            training=training,
         )  # [B, h, T, d_v], [B, h, T, S]
         return axes.from_heads(heads, query), axes.unflatten_scores(weights, query, key)
 
-    def _use_dot_product_attention(self, query, value, return_attention_scores) -> bool:
+    def _use_dot_product_attention(self, *, query, value, return_attention_scores) -> bool:
         """Whether `_compute_attention` calls ops.dot_product_attention for
         these projected heads: (B, T, h, d_k) queries, (B, S, h, d_v) values."""
         if return_attention_scores or self.dropout > 0.0 or len(query.shape) != 4:
@@ -532,23 +681,6 @@ class MultiHeadAttention(MultiHeadAttentionBase):
         return backend != "tensorflow" or self._flash_attention is True
 
     # ---------------------------------------------------------------- masks
-    def _head_mask(self, head_mask):
-        gate = ops.convert_to_tensor(head_mask)
-        if len(gate.shape) == 1:
-            gate = ops.expand_dims(gate, 0)
-        if len(gate.shape) != 2 or gate.shape[-1] != self.num_heads:
-            raise ValueError(
-                "`head_mask` must have shape (num_heads,) or (batch, num_heads)"
-                f" with num_heads={self.num_heads}. Received: "
-                f"head_mask.shape={tuple(gate.shape)}"
-            )
-        return ops.cast(gate, self.compute_dtype)  # [B or 1, h]
-
-    @staticmethod
-    def _head_mask_for(gate, head_i, i):
-        """Head i's column of the `(B, h)` head mask, shaped for head_i."""
-        return ops.reshape(gate[:, i], (-1,) + (1,) * (len(head_i.shape) - 1))
-
     def _compute_attention_mask(
         self,
         query,
@@ -561,7 +693,6 @@ class MultiHeadAttention(MultiHeadAttentionBase):
     ):
         """Boolean mask of the scores' rank, or None: the inputs' masks,
         causal, sliding window and the explicit mask, ANDed."""
-        expand = self._axes.expand_mask
         parts = []
         if query_mask is not None:
             parts.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))  # [B, T, 1]
@@ -576,6 +707,436 @@ class MultiHeadAttention(MultiHeadAttentionBase):
             parts.append(ops.cast(attention_mask, "bool"))
         mask = None
         for part in parts:
-            part = expand(part)  # [B|1, h|1, T|1, S|1]
+            part = self._axes.expand_mask(part)  # [B|1, h|1, T|1, S|1]
             mask = part if mask is None else ops.logical_and(mask, part)
         return mask
+
+    # ---------------------------------------------------------------- shapes
+    @staticmethod
+    def _check_key_value(value_shape, key_shape) -> None:
+        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
+            raise ValueError(
+                "All dimensions of `value` and `key`, except the last one, "
+                f"must be equal. Received: value_shape={tuple(value_shape)} and "
+                f"key_shape={tuple(key_shape)}"
+            )
+
+    def _resolve_dims(self, query_shape, value_shape, key_shape):
+        """`(d_model, d_k, d_v)` for these input shapes; ValueError if they
+        cannot be attention inputs."""
+        self._check_key_value(value_shape, key_shape)
+        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
+            if len(shape) < 3:
+                raise ValueError(
+                    f"`{name}` must have rank >= 3 (batch, sequence, features). "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+            if shape[-1] is None:
+                raise ValueError(
+                    f"The last dimension of `{name}` must be known. "
+                    f"Received: {name}.shape={tuple(shape)}"
+                )
+        if len(value_shape) != len(query_shape):
+            raise ValueError(
+                "`query` and `value` must have the same rank. Received: "
+                f"query.shape={tuple(query_shape)}, value.shape={tuple(value_shape)}"
+            )
+        d_model = int(query_shape[-1])
+        key_dim = self.key_dim
+        if key_dim is None:
+            if d_model % self.num_heads:
+                raise ValueError(
+                    "With `key_dim=None`, the query feature size d_model must "
+                    f"be divisible by `num_heads` (d_k = d_model / h). "
+                    f"Received: d_model={d_model}, num_heads={self.num_heads}"
+                )
+            key_dim = d_model // self.num_heads
+        return d_model, key_dim, self.value_dim or key_dim
+
+    def _check_call_shapes(self, *, query, value, key, attention_mask, masks=None):
+        self._resolve_dims(query.shape, value.shape, key.shape)
+        if self.built:
+            expected = {"query": self.d_model, "value": self._d_value_in, "key": self._d_key_in}
+            for name, x in (("query", query), ("value", value), ("key", key)):
+                if x.shape[-1] != expected[name]:
+                    raise ValueError(
+                        f"`{name}` has {x.shape[-1]} features but the layer was "
+                        f"built for {expected[name]}. Received: "
+                        f"{name}.shape={tuple(x.shape)}"
+                    )
+            if len(query.shape) != self._axes.rank:
+                raise ValueError(
+                    f"The layer was built for rank-{self._axes.rank} inputs. "
+                    f"Received: query.shape={tuple(query.shape)}"
+                )
+        axes = self._axes or AttentionAxes(len(query.shape), self.attention_axes)
+        if attention_mask is not None:
+            mask_shape = getattr(attention_mask, "shape", np.shape(attention_mask))
+            axes.check_mask(mask_shape, axes.scores_shape(query.shape, key.shape, self.num_heads))
+        if masks is not None:
+            check_input_masks(axes, query=query, value=value, key=key, masks=masks)
+
+    def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
+        query_shape = tuple(query_shape)
+        value_shape = query_shape if value_shape is None else tuple(value_shape)
+        key_shape = value_shape if key_shape is None else tuple(key_shape)
+        self._check_key_value(value_shape, key_shape)
+        return query_shape[:-1] + (self._output_shape or query_shape[-1:])
+
+    def compute_output_spec(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        return_attention_scores=False,
+        training=None,
+        use_causal_mask=False,
+        head_mask=None,
+    ):
+        query, value, key, masks = resolve_inputs(
+            query=query,
+            value=value,
+            key=key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+        )
+        self._check_call_shapes(
+            query=query, value=value, key=key, attention_mask=attention_mask, masks=masks
+        )
+        out = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape, key.shape),
+            dtype=self.compute_dtype,
+        )
+        if not return_attention_scores:
+            return out
+        axes = self._axes or AttentionAxes(len(query.shape), self.attention_axes)
+        scores_shape = axes.scores_shape(query.shape, key.shape, self.num_heads)
+        return out, keras.KerasTensor(scores_shape, dtype=self.compute_dtype)
+
+    # ---------------------------------------------------------------- config
+    def get_config(self):
+        base_config = super().get_config()
+        config = {
+            "num_heads": self.num_heads,
+            "key_dim": self.key_dim,
+            "value_dim": self.value_dim,
+            "dropout": self.dropout,
+            "use_bias": self.use_bias,
+            "use_gate": self._use_gate,
+            "output_shape": self._output_shape,
+            "attention_axes": self.attention_axes,
+            "sliding_window": self._sliding_window,
+            "flash_attention": self._flash_attention_arg,
+            "kernel_initializer": initializers.serialize(self.kernel_initializer),
+            "bias_initializer": initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": regularizers.serialize(self.bias_regularizer),
+            "activity_regularizer": regularizers.serialize(self._activity_regularizer),
+            "kernel_constraint": constraints.serialize(self.kernel_constraint),
+            "bias_constraint": constraints.serialize(self.bias_constraint),
+            "seed": self.seed,
+            "implementation": self.implementation,
+        }
+        return {**base_config, **config}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if "output_dim" in config:  # keras_mha 0.1's name for output_shape
+            output_dim = config.pop("output_dim")
+            config.setdefault("output_shape", output_dim)
+        return super().from_config(config)
+
+    def load_own_variables(self, store):
+        """Loads keras_mha 0.1 files too (their weights sat on this layer)."""
+        if not len(store.keys()):
+            super().load_own_variables(store)
+            return
+        weights_io.load_legacy_variables(
+            store,
+            query=self.query_dense,
+            key=self.key_dense,
+            value=self.value_dense,
+            output=self.output_dense,
+            num_heads=self.num_heads,
+            d_v=self.d_v,
+            use_bias=self.use_bias,
+            use_gate=self.use_gate,
+            layer_name=self.name,
+        )
+
+    # ------------------------------------------------- projections and weights
+    query_dense = property(lambda self: self._query_dense, doc="The W^Q EinsumDense.")
+    key_dense = property(lambda self: self._key_dense, doc="The W^K EinsumDense.")
+    value_dense = property(lambda self: self._value_dense, doc="The W^V EinsumDense.")
+    gate_dense = property(lambda self: self._gate_dense, doc="The gate EinsumDense (use_gate).")
+    output_dense = property(lambda self: self._output_dense, doc="The W^O EinsumDense.")
+
+    query_kernel = property(lambda self: _kernel_of(self._query_dense))
+    query_bias = property(lambda self: _bias_of(self._query_dense))
+    key_kernel = property(lambda self: _kernel_of(self._key_dense))
+    key_bias = property(lambda self: _bias_of(self._key_dense))
+    value_kernel = property(lambda self: _kernel_of(self._value_dense))
+    value_bias = property(lambda self: _bias_of(self._value_dense))
+    gate_kernel = property(lambda self: _kernel_of(self._gate_dense))
+    gate_bias = property(lambda self: _bias_of(self._gate_dense))
+    output_kernel = property(lambda self: _kernel_of(self._output_dense))
+    output_bias = property(lambda self: _bias_of(self._output_dense))
+
+    def _projections(self) -> list:
+        """The built projections, in Keras's order."""
+        return [d for d in (getattr(self, f"_{a}") for a, _ in _PROJECTIONS) if d is not None]
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Quantize every projection as Keras quantizes an EinsumDense
+        (`"int8"`, `"int4"`, `"float8"`, ...); `model.quantize` reaches
+        the projections directly. Quantized, the layer runs fused."""
+        for dense in self._projections():
+            dense.quantize(mode, type_check=type_check, config=config)
+
+    def enable_lora(self, rank: int, **kwargs) -> None:
+        """LoRA on the query, key and value projections (as keras-hub does)."""
+        for dense in (self._query_dense, self._key_dense, self._value_dense):
+            dense.enable_lora(rank, **kwargs)
+
+    # ------------------------------------------------------- per-head access
+    def _require_built(self, what: str):
+        if not self.built:
+            raise ValueError(f"`{what}` needs a built layer; call the layer on an input first.")
+
+    def concat_heads(
+        self,
+        query,
+        value=None,
+        key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+        attention_mask=None,
+        use_causal_mask=False,
+        head_mask=None,
+    ):
+        """Concat(head_1, ..., head_h) before W^O: `(B, T, h * d_v)`.
+
+        Head `i` fills columns `i*d_v:(i+1)*d_v` (gated with `use_gate`);
+        the layer's output is this times `reshape(output_kernel, (h*d_v, -1))`
+        plus `output_bias`. Arguments as for `call` (inference: no dropout),
+        masks carried by the inputs included. A plain method, not a Keras
+        call: inputs are cast to the layer's compute dtype. Used to refit W^O
+        after pruning.
+        """
+        self._require_built("concat_heads")
+        # The masks as a call reads them (Keras's `__call__` fills in the
+        # carried ones there; a plain method reads them itself).
+        *tensors, masks = resolve_inputs(
+            query=query,
+            value=value,
+            key=key,
+            query_mask=query_mask,
+            value_mask=value_mask,
+            key_mask=key_mask,
+        )
+        plain = {}
+        for x in tensors:
+            if id(x) not in plain:
+                y = ops.cast(x, self.compute_dtype)
+                # A copy without the mask (used here, as in `call`), leaving the
+                # caller's tensor as it was: the projections would warn of it.
+                plain[id(x)] = ops.copy(y) if get_keras_mask(y) is not None else y
+        query, value, key = (plain[id(x)] for x in tensors)
+        concat, _ = self._attend(
+            query=query,
+            value=value,
+            key=key,
+            masks=masks,
+            attention_mask=attention_mask,
+            use_causal_mask=use_causal_mask,
+            head_mask=head_mask,
+            training=False,
+            return_attention_scores=False,
+            concat_only=True,
+        )
+        return concat
+
+    def head_weights(self, i: int) -> dict[str, np.ndarray]:
+        """Head `i`'s own matrices as numpy arrays.
+
+        `query_kernel` (d_model, d_k), `key_kernel`, `value_kernel`
+        (d_value, d_v), their biases (zeros when `use_bias=False`),
+        `gate_kernel`/`gate_bias` with `use_gate`, and `output_kernel`, the
+        (d_v, *d_out) block of W^O that reads head `i`.
+        """
+        self._require_built("head_weights")
+        weights_io.check_head_index(i, num_heads=self.num_heads)
+        out = {}
+        for attr, name in _PROJECTIONS[:-1]:
+            dense = getattr(self, attr)
+            if dense is not None:
+                out[f"{name}_kernel"], out[f"{name}_bias"] = weights_io.head_slice(
+                    dense, i, what="head_weights"
+                )
+        out["output_kernel"] = weights_io.float_kernel(self.output_dense, "head_weights")[i]
+        return out
+
+    def pruned(self, keep_heads) -> MultiHeadAttention:
+        """A new, built layer with only the heads in `keep_heads`.
+
+        The removed heads' W_i^Q, W_i^K, W_i^V (gate), biases and their rows
+        of W^O are gone, so its output equals this layer's with those heads
+        masked out (`head_mask` 0). `key_dim`/`value_dim`/`output_shape` are
+        pinned, since d_k no longer equals d_model / h.
+        """
+        self._require_built("pruned")
+        keep = weights_io.sorted_heads(keep_heads, num_heads=self.num_heads)
+        config = self.get_config()
+        config.update(
+            num_heads=len(keep), key_dim=self.d_k, value_dim=self.d_v, output_shape=self._d_out
+        )
+        new = type(self).from_config(config)
+        new.build(*self._input_shapes())
+        self._copy_projections(
+            sources=self._projection_map(), targets=new._projection_map(), heads=np.array(keep)
+        )
+        return new
+
+    @classmethod
+    def from_keras(cls, layer, implementation: str = "fused") -> MultiHeadAttention:
+        """Build ours from a built `keras.layers.MultiHeadAttention` (any
+        configuration: the weights are copied as they are)."""
+        if not isinstance(layer, keras.layers.MultiHeadAttention):
+            raise ValueError(
+                "`from_keras` expects a keras.layers.MultiHeadAttention. "
+                f"Received: {type(layer).__name__}"
+            )
+        if not layer.built:
+            raise ValueError(
+                "`from_keras` needs a built keras.layers.MultiHeadAttention "
+                "(call it on an input first)."
+            )
+        config = layer.get_config()
+        config.pop("flash_attention", None)
+        rank = weights_io.keras_input_rank(layer)
+        # Keras resolves attention_axes in build, in projected coordinates.
+        axes = config.get("attention_axes")
+        if axes is not None:
+            config["attention_axes"] = tuple(a if a >= 0 else rank + a for a in axes)
+        new = cls.from_config({**config, "implementation": implementation})
+        # Keras's resolved flash setting (its argument or the global switch).
+        new._flash_attention = new._flash_attention_arg = layer._flash_attention
+        pad = (None,) * (rank - 1)
+        new.build(
+            pad + (layer.query_dense.kernel.shape[0],),
+            pad + (layer.value_dense.kernel.shape[0],),
+            pad + (layer.key_dense.kernel.shape[0],),
+        )
+        sources = {
+            "query": layer.query_dense,
+            "key": layer.key_dense,
+            "gate": getattr(layer, "_gate_dense", None),  # Keras has no public name for it
+            "value": layer.value_dense,
+            "output": layer.output_dense,
+        }
+        cls._copy_projections(sources=sources, targets=new._projection_map())
+        return new
+
+    def to_keras(self) -> keras.layers.MultiHeadAttention:
+        """The equivalent built `keras.layers.MultiHeadAttention`."""
+        self._require_built("to_keras")
+        config = self.get_config()
+        for ours_only in ("implementation", "flash_attention"):
+            config.pop(ours_only)
+        config.update(key_dim=self.d_k, value_dim=self.d_v)
+        config["dtype"] = self.dtype_policy
+        layer = keras.layers.MultiHeadAttention.from_config(config)
+        layer._flash_attention = self._flash_attention  # Keras's resolved flash setting
+        layer.build(*self._input_shapes())
+        targets = {
+            "query": layer.query_dense,
+            "key": layer.key_dense,
+            "gate": getattr(layer, "_gate_dense", None),
+            "value": layer.value_dense,
+            "output": layer.output_dense,
+        }
+        self._copy_projections(sources=self._projection_map(), targets=targets)
+        return layer
+
+    def _projection_map(self) -> dict:
+        """`{"query": query_dense, ..., "output": output_dense}` (gate: None
+        without `use_gate`)."""
+        names = ("query", "key", "gate", "value", "output")
+        return {name: getattr(self, attr) for name, (attr, _) in zip(names, _PROJECTIONS)}
+
+    @staticmethod
+    def _copy_projections(*, sources: dict, targets: dict, heads=None) -> None:
+        """Each source projection's weights into its target, keeping `heads`."""
+        for name, source in sources.items():
+            if source is not None:
+                head_axis = 0 if name == "output" else 1  # W^O: (h, d_v, d_out)
+                weights_io.copy_projection(source, targets[name], heads=heads, head_axis=head_axis)
+
+    def _input_shapes(self):
+        """Build shapes (query, value, key) with the layer's rank and widths."""
+        pad = (None,) * (self._axes.rank - 1)
+        return pad + (self.d_model,), pad + (self._d_value_in,), pad + (self._d_key_in,)
+
+
+def _kernel_of(dense):
+    """The projection's kernel variable (None before build): the stored
+    variable, int8 once quantized, without LoRA (`dense.kernel` adds LoRA)."""
+    if dense is None:
+        return None
+    return next(w for w in dense.weights if w.name == "kernel")
+
+
+def _bias_of(dense):
+    return None if dense is None else dense.bias
+
+
+def _check_positive_int(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        expected = "a positive integer" + (" or `None`" if allow_none else "")
+        raise ValueError(
+            f"Received an invalid value for argument `{name}`, expected "
+            f"{expected}. Received: {name}={value!r}"
+        )
+
+
+def _output_shape_arg(output_shape):
+    if output_shape is None:
+        return None
+    if isinstance(output_shape, (int, np.integer)) and not isinstance(output_shape, bool):
+        output_shape = (output_shape,)
+    try:
+        shape = tuple(output_shape)
+    except TypeError:
+        shape = None
+    if not shape or any(
+        isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0 for d in shape
+    ):
+        raise ValueError(
+            f"Invalid `output_shape`: {output_shape!r}. When specified, the "
+            "`output_shape` should be a positive int or a tuple or list of them."
+        )
+    return tuple(int(d) for d in shape)
+
+
+def _attention_axes_arg(attention_axes):
+    if isinstance(attention_axes, (int, np.integer)) and not isinstance(attention_axes, bool):
+        return (int(attention_axes),)
+    if attention_axes is None:
+        return None
+    if not isinstance(attention_axes, (list, tuple)) or not all(
+        isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in attention_axes
+    ):
+        raise ValueError(
+            "`attention_axes` must be an int, list, or tuple of ints. "
+            f"Received: attention_axes={attention_axes!r}"
+        )
+    return tuple(int(a) for a in attention_axes)

@@ -1,10 +1,14 @@
 """The layer's weights as the lesson reads them, and as others store them.
 
-- `head_weights(layer, i)`: head i's W_i^Q, W_i^K, W_i^V (gate), biases and
-  its block of W^O as numpy arrays: slices of the head axis of the kernels.
-- `pruned(layer, keep)`: a smaller layer with only some heads.
-- `from_keras` / `to_keras`: `keras.layers.MultiHeadAttention` has the same
-  sublayers and kernel shapes, so each projection is copied as it is.
+Free functions of explicit arguments: `EinsumDense` projections (read and
+written through their public `kernel` and `bias`), arrays, head indices. The
+layer's `head_weights`, `pruned`, `from_keras`, `to_keras` and
+`load_own_variables` (attention.py) call them.
+
+- `head_slice(dense, i)`: head i's W_i and b_i, a slice of the head axis.
+- `copy_projection(source, target, heads)`: one projection's weights into
+  another of the same layout (`keras.layers.MultiHeadAttention` has the same
+  sublayers and kernel shapes), optionally keeping only some heads.
 - `load_legacy_variables`: keras_mha 0.1 kept its weights on the layer
   itself, heads first (`query_kernel` (h, d_model, d_k), `output_kernel`
   (h * d_v, d_out)); its files are read into today's layout.
@@ -12,174 +16,112 @@
 
 from __future__ import annotations
 
-import keras
 import numpy as np
 from keras import ops
 
-_INPUT_PROJECTIONS = ("_query_dense", "_key_dense", "_gate_dense", "_value_dense")
 
-
-def _float_kernel(dense, what: str):
+def float_kernel(dense, what: str) -> np.ndarray:
+    """`dense`'s kernel as numpy (LoRA included); ValueError if quantized."""
     if dense.quantization_mode is not None:
         raise ValueError(
             f"`{what}` needs float weights; the `{dense.name}` projection is quantized "
             f"({dense.quantization_mode}). Read the weights before quantizing."
         )
-    return ops.convert_to_numpy(dense.kernel)  # LoRA included
+    return ops.convert_to_numpy(dense.kernel)
 
 
-def _check_head(layer, i) -> None:
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < layer.num_heads:
-        raise ValueError(
-            f"Head index must be an integer in [0, {layer.num_heads}). Received: i={i!r}"
-        )
+def check_head_index(i, num_heads: int) -> None:
+    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < num_heads:
+        raise ValueError(f"Head index must be an integer in [0, {num_heads}). Received: i={i!r}")
 
 
-def head_weights(layer, i: int) -> dict[str, np.ndarray]:
-    layer._require_built("head_weights")
-    _check_head(layer, i)
-    out = {}
-    names = [("query", layer._query_dense), ("key", layer._key_dense)]
-    if layer.use_gate:
-        names.append(("gate", layer._gate_dense))
-    names.append(("value", layer._value_dense))
-    for name, dense in names:
-        kernel = _float_kernel(dense, "head_weights")  # (d_in, h, d)
-        out[f"{name}_kernel"] = kernel[:, i, :]  # W_i
-        bias = dense.bias
-        out[f"{name}_bias"] = (
-            np.zeros(kernel.shape[-1], kernel.dtype)
-            if bias is None
-            else ops.convert_to_numpy(bias)[i]
-        )
-    out["output_kernel"] = _float_kernel(layer._output_dense, "head_weights")[i]  # (d_v, d_out)
-    return out
+def head_slice(dense, i: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Head i's `(W_i, b_i)` of an input projection: `kernel[:, i, :]`
+    `(d_in, d)` and `bias[i]` `(d,)` (zeros without a bias)."""
+    kernel = float_kernel(dense, what)  # (d_in, h, d)
+    if dense.bias is None:
+        return kernel[:, i, :], np.zeros(kernel.shape[-1], kernel.dtype)
+    return kernel[:, i, :], ops.convert_to_numpy(dense.bias)[i]
 
 
-def _input_shapes(layer):
-    """Build shapes (query, value, key) with the layer's rank and widths."""
-    pad = (None,) * (layer._axes.rank - 1)
-    return pad + (layer.d_model,), pad + (layer._d_value_in,), pad + (layer._d_key_in,)
-
-
-def _copy_projections(source, target, heads=None) -> None:
-    """kernel and bias of each projection, head axis sliced by `heads`."""
-    for attr in _INPUT_PROJECTIONS + ("_output_dense",):
-        src, dst = getattr(source, attr, None), getattr(target, attr, None)
-        if src is None:
-            continue
-        kernel = _float_kernel(src, "copying weights")
-        bias = None if src.bias is None else ops.convert_to_numpy(src.bias)
-        if heads is not None and attr == "_output_dense":
-            kernel = kernel[heads]  # (h, d_v, d_out): head i's rows of W^O
-        elif heads is not None:
-            kernel = kernel[:, heads]  # (d_in, h, d)
-            bias = None if bias is None else bias[heads]
-        dst._kernel.assign(kernel)
-        if bias is not None:
-            dst.bias.assign(bias)
-
-
-def pruned(layer, keep_heads):
-    layer._require_built("pruned")
+def sorted_heads(keep_heads, num_heads: int) -> list[int]:
+    """`keep_heads` as sorted unique indices; ValueError if empty or out of range."""
     keep = sorted({int(i) for i in keep_heads})
     if not keep:
         raise ValueError("`keep_heads` must keep at least one head. Received: keep_heads=[]")
-    if keep[0] < 0 or keep[-1] >= layer.num_heads:
+    if keep[0] < 0 or keep[-1] >= num_heads:
         raise ValueError(
-            f"`keep_heads` must be head indices in [0, {layer.num_heads}). "
+            f"`keep_heads` must be head indices in [0, {num_heads}). "
             f"Received: keep_heads={list(keep_heads)}"
         )
-    config = layer.get_config()
-    config.update(
-        num_heads=len(keep), key_dim=layer.d_k, value_dim=layer.d_v, output_shape=layer._d_out
-    )
-    new = type(layer).from_config(config)
-    new.build(*_input_shapes(layer))
-    _copy_projections(layer, new, np.array(keep))
-    return new
+    return keep
 
 
-def _keras_rank(keras_layer) -> int:
-    """Input rank of a built Keras layer, read from its query equation."""
+def copy_projection(source, target, heads=None, head_axis: int = 1) -> None:
+    """`source`'s kernel and bias into the built float `target` (same layout).
+
+    `heads`: indices to keep along the kernel's `head_axis` (1 for the input
+    projections' (d_in, h, d) kernels and (h, d) biases, 0 for W^O's
+    (h, d_v, d_out) kernel, whose bias has no head axis).
+    """
+    kernel = float_kernel(source, "copying weights")
+    bias = None if source.bias is None else ops.convert_to_numpy(source.bias)
+    if heads is not None:
+        kernel = np.take(kernel, heads, axis=head_axis)
+        if bias is not None and head_axis == 1:
+            bias = bias[heads]
+    target.kernel.assign(kernel)
+    if bias is not None:
+        target.bias.assign(bias)
+
+
+def keras_input_rank(keras_layer) -> int:
+    """Input rank of a built `keras.layers.MultiHeadAttention`, read from its
+    query projection's einsum equation."""
     return len(keras_layer.query_dense.equation.split(",")[0])
 
 
-def from_keras(cls, keras_layer, implementation: str = "fused"):
-    if not isinstance(keras_layer, keras.layers.MultiHeadAttention):
-        raise ValueError(
-            "`from_keras` expects a keras.layers.MultiHeadAttention. "
-            f"Received: {type(keras_layer).__name__}"
-        )
-    if not keras_layer.built:
-        raise ValueError(
-            "`from_keras` needs a built keras.layers.MultiHeadAttention "
-            "(call it on an input first)."
-        )
-    config = keras_layer.get_config()
-    config.pop("flash_attention", None)
-    rank = _keras_rank(keras_layer)
-    # Keras resolves attention_axes in build, in projected coordinates.
-    axes = config.get("attention_axes")
-    if axes is not None:
-        config["attention_axes"] = tuple(a if a >= 0 else rank + a for a in axes)
-    new = cls.from_config({**config, "implementation": implementation})
-    new._flash_attention = keras_layer._flash_attention
-    new._flash_attention_arg = keras_layer._flash_attention
-    pad = (None,) * (rank - 1)
-    kernel = keras_layer.query_dense.kernel
-    new.build(
-        pad + (kernel.shape[0],),
-        pad + (keras_layer.value_dense.kernel.shape[0],),
-        pad + (keras_layer.key_dense.kernel.shape[0],),
-    )
-    _copy_projections(keras_layer, new)
-    return new
-
-
-def to_keras(layer):
-    layer._require_built("to_keras")
-    config = layer.get_config()
-    for ours_only in ("implementation", "flash_attention"):
-        config.pop(ours_only)
-    config.update(key_dim=layer.d_k, value_dim=layer.d_v)
-    config["dtype"] = layer.dtype_policy
-    keras_layer = keras.layers.MultiHeadAttention.from_config(config)
-    keras_layer._flash_attention = layer._flash_attention
-    keras_layer.build(*_input_shapes(layer))
-    _copy_projections(layer, keras_layer)
-    return keras_layer
-
-
-def load_legacy_variables(layer, store) -> None:
-    """Assign keras_mha 0.1 weights (own variables, heads first) to the
-    projections, which then skip their own (absent) entries once."""
+def load_legacy_variables(
+    store,
+    *,
+    query,
+    key,
+    value,
+    output,
+    num_heads: int,
+    d_v: int,
+    use_bias: bool,
+    use_gate: bool,
+    layer_name: str,
+) -> None:
+    """Assign keras_mha 0.1 weights (a variable store of the layer's own
+    variables, heads first) to the projections `query`, `key`, `value`,
+    `output`, which then skip their own (absent) entries once."""
     values = [np.asarray(store[str(i)]) for i in range(len(store.keys()))]
-    expected = 8 if layer.use_bias else 4
-    if len(values) != expected or layer.use_gate:
+    expected = 8 if use_bias else 4
+    if len(values) != expected or use_gate:  # 0.1 had no gate
         raise ValueError(
-            f"Layer '{layer.name}' found {len(values)} variables of a keras_mha 0.1 "
+            f"Layer '{layer_name}' found {len(values)} variables of a keras_mha 0.1 "
             f"file; expected {expected} (query, key, value, output kernels"
-            f"{' and biases' if layer.use_bias else ''})."
+            f"{' and biases' if use_bias else ''})."
         )
-    step = 2 if layer.use_bias else 1
-    kernels, biases = values[::step], values[1::step] if layer.use_bias else [None] * 4
-    h, d_v = layer.num_heads, layer.d_v
-    for attr, kernel, bias in zip(
-        ("_query_dense", "_key_dense", "_value_dense", "_output_dense"), kernels, biases
-    ):
-        dense = getattr(layer, attr)
-        if attr == "_output_dense":
-            kernel = kernel.reshape((h, d_v) + tuple(dense._kernel.shape[2:]))  # (h*d_v, d) ->
-        else:
-            kernel = np.transpose(kernel, (1, 0, 2))  # (h, d_in, d) -> (d_in, h, d)
-        dense._kernel.assign(kernel)
+    step = 2 if use_bias else 1
+    kernels, biases = values[::step], values[1::step] if use_bias else [None] * 4
+    for dense, kernel, bias in zip((query, key, value, output), kernels, biases):
+        if dense is output:  # (h * d_v, *d_out) -> (h, d_v, *d_out)
+            kernel = kernel.reshape((num_heads, d_v) + tuple(dense.kernel.shape[2:]))
+        else:  # (h, d_in, d) -> (d_in, h, d)
+            kernel = np.transpose(kernel, (1, 0, 2))
+        dense.kernel.assign(kernel)
         if bias is not None:
             dense.bias.assign(bias)
         _skip_next_load(dense)
 
 
 def _skip_next_load(dense) -> None:
+    """The loader calls each sublayer's `load_own_variables` next; there are
+    no entries for it in a 0.1 file, so the next call does nothing."""
+
     def skip(store):
         object.__delattr__(dense, "load_own_variables")
 

@@ -458,9 +458,42 @@ def test_compute_attention_is_the_override_point():
     sub.set_weights(plain.get_weights())
     assert_close(sub(x, use_causal_mask=True), 2.0 * npy(plain(x, use_causal_mask=True)))
     assert seen[-1] == ((2, 5, 2, 4), False)  # projected heads, the causal mask built
+    # per_head computes heads itself only without an override: a subclass's
+    # attention is still called (the fused path), by keyword.
     sub.implementation = "per_head"
-    with pytest.raises(ValueError, match="needs implementation='fused'"):
-        sub(x)
+    calls = len(seen)
+    assert_close(sub(x), 2.0 * npy(plain(x)))
+    assert len(seen) == calls + 1
+
+
+def test_compute_attention_override_with_keras_signature_gets_the_scores_flag():
+    flags = []
+
+    class Full(MultiHeadAttention):  # Keras's signature, by keyword
+        def _compute_attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask=None,
+            training=None,
+            return_attention_scores=False,
+        ):
+            flags.append(return_attention_scores)
+            return super()._compute_attention(
+                query,
+                key,
+                value,
+                attention_mask=attention_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+            )
+
+    x = randn(2, 5, 8)
+    layer = Full(num_heads=2, implementation="per_head")
+    _, scores = layer(x, return_attention_scores=True)
+    layer(x, use_causal_mask=True)  # a subclass gets the mask, never use_causal_mask
+    assert flags == [True, False] and tuple(scores.shape) == (2, 2, 5, 5)
 
 
 # ------------------------------------------- quantization, LoRA, dtype maps

@@ -1,4 +1,16 @@
-"""Where attention runs in a tensor of any rank, and the masks that go with it.
+"""Masks, attention axes and input shapes for `keras_mha.MultiHeadAttention`.
+
+Free functions of explicit arguments (no layer state), used by the layer in
+attention.py:
+
+- `resolve_inputs`: a call's query, value, key and their masks, as Keras reads them.
+- `causal_mask`, `sliding_window_mask`: `(1, T, S)` masks; `mask_for_head`:
+  head i's `(B, T, S)` slice of a combined mask.
+- `head_mask_tensor`: the `head_mask` call argument (a multiplier per head,
+  for head analysis) as a `(B or 1, h)` tensor.
+- `check_input_masks`: Keras's rules for query/value/key masks.
+- `AttentionAxes`: where attention runs in an input of any rank, and
+  `projection_equation`, the projections' einsum equations.
 
 `keras.layers.MultiHeadAttention` attends over `attention_axes` of a
 `(B, <dims>, features)` input; the other `<dims>` act as extra batch axes.
@@ -8,10 +20,10 @@ Projected, a query is `(B, <dims>, h, d_k)` and the scores are
 
 `AttentionAxes` moves a projected tensor to the lesson's 4-D form
 `(B', h, T, d)` (B' = batch times the non-attention dims, T = the attention
-dims flattened) and back, so both implementations compute the lesson's
+dims flattened) and back, so the fused path computes the lesson's
 softmax(q k^T / sqrt(d_k)) v on `(B', h, T, S)` scores whatever the rank. For
-rank-3 inputs (the default axes) every move is the transpose
-`(B, T, h, d) <-> (B, h, T, d)`.
+rank-3 inputs (the default axes, the lesson's case) every move is the
+transpose `(B, T, h, d) <-> (B, h, T, d)`.
 
 Masks follow Keras's broadcasting: a mask with fewer axes than the scores
 gains axes just before the query attention dims (the head axis first), so
@@ -22,8 +34,59 @@ from __future__ import annotations
 
 import math
 import string
+from typing import NamedTuple
 
+import numpy as np
 from keras import ops
+
+try:  # The mask a tensor carries (Embedding(mask_zero=True), Masking, ...).
+    from keras.src.backend import get_keras_mask, set_keras_mask
+except ImportError:  # pragma: no cover - older/newer layouts
+
+    def get_keras_mask(x):
+        return getattr(x, "_keras_mask", None)
+
+    def set_keras_mask(x, mask):
+        if mask is None and hasattr(x, "_keras_mask"):
+            del x._keras_mask
+
+
+class InputMasks(NamedTuple):
+    """A call's boolean masks per position: query `(B, T)`, value and key `(B, S)`."""
+
+    query: object = None
+    value: object = None
+    key: object = None
+
+
+def resolve_inputs(query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None):
+    """`(query, value, key, InputMasks)` as `keras.layers.MultiHeadAttention`
+    reads a call.
+
+    Every mask given is used, for its own tensor; one not given is the mask
+    that tensor carries (`Embedding(mask_zero=True)`, `Masking`), which is
+    what Keras's `Layer.__call__` fills in. `value` omitted is the query
+    (Keras's `mha(x, x)`): its mask is `value_mask`, or else the one the query
+    carries, never an explicit `query_mask`. `key` omitted is the value (as
+    in Keras): `key_mask` is then only an explicit one, the value's mask
+    already covering that tensor. Unlike Keras 3.15, which reads the query's
+    carried mask only and drops an explicit `query_mask`, an explicit
+    `query_mask` is used (and replaces the carried one, as the others do).
+    """
+    carried = get_keras_mask(query)
+    if query_mask is None:
+        query_mask = carried
+    if value is None:
+        value = query
+        if value_mask is None:
+            value_mask = carried
+    elif value_mask is None:
+        value_mask = get_keras_mask(value)
+    if key is None:
+        key = value
+    elif key_mask is None:
+        key_mask = get_keras_mask(key)
+    return query, value, key, InputMasks(query=query_mask, value=value_mask, key=key_mask)
 
 
 def projection_equation(free_dims: int, bound_dims: int, output_dims: int):
@@ -88,9 +151,6 @@ class AttentionAxes:
         # A projected tensor (B, <dims>, h, d): head axis rank - 1, channel rank.
         self._to_heads = self.batch_axes + (rank - 1,) + self.axes + (rank,)
         self._from_heads = tuple(self._to_heads.index(i) for i in range(rank + 1))
-        # One head's tensor (B, <dims>, d): channel axis rank - 1.
-        self._to_rows = self.batch_axes + self.axes + (rank - 1,)
-        self._from_rows = tuple(self._to_rows.index(i) for i in range(rank))
 
     @property
     def scores_rank(self) -> int:
@@ -125,24 +185,6 @@ class AttentionAxes:
             shape += [dims[a] for a in self.axes] + [y.shape[-1]]
             y = ops.reshape(y, shape)
         return ops.transpose(y, self._from_heads)
-
-    # ------------------------------------------------------------- one head
-    def to_rows(self, x):
-        """One head's (B, <dims>, d) -> (B', T, d)."""
-        y = ops.transpose(x, self._to_rows)
-        if self.simple:
-            return y
-        dims = _dims(y)
-        nb = len(self.batch_axes)
-        return ops.reshape(y, (_prod(dims[:nb]), _prod(dims[nb:-1]), dims[-1]))
-
-    def from_rows(self, y, like):
-        """(B', T, d) -> (B, <dims>, d), `like` giving the <dims>."""
-        if not self.simple:
-            dims = _dims(like)
-            shape = [dims[a] for a in self.batch_axes] + [dims[a] for a in self.axes]
-            y = ops.reshape(y, shape + [y.shape[-1]])
-        return ops.transpose(y, self._from_rows)
 
     # --------------------------------------------------------------- scores
     def unflatten_scores(self, scores, query, key):
@@ -215,3 +257,52 @@ def sliding_window_mask(query, value, window: int):
 
 def inverse_sqrt(d: int) -> float:
     return 1.0 / math.sqrt(float(d))
+
+
+def mask_for_head(mask, i: int):
+    """Head i's `(B|1, T|1, S|1)` slice of a `(B|1, h|1, T|1, S|1)` mask
+    (a mask shared by all heads has one head axis entry), or None."""
+    if mask is None:
+        return None
+    return mask[:, i if mask.shape[1] > 1 else 0]
+
+
+def head_mask_tensor(head_mask, num_heads: int, dtype):
+    """The `head_mask` call argument, `(h,)` or `(B, h)`, as a `(B or 1, h)`
+    tensor of `dtype`: head i's output is multiplied by column i."""
+    head_mask = ops.convert_to_tensor(head_mask)
+    if len(head_mask.shape) == 1:
+        head_mask = ops.expand_dims(head_mask, 0)
+    if len(head_mask.shape) != 2 or head_mask.shape[-1] != num_heads:
+        raise ValueError(
+            "`head_mask` must have shape (num_heads,) or (batch, num_heads)"
+            f" with num_heads={num_heads}. Received: "
+            f"head_mask.shape={tuple(head_mask.shape)}"
+        )
+    return ops.cast(head_mask, dtype)
+
+
+def check_input_masks(axes: AttentionAxes, query, value, key, masks: InputMasks) -> None:
+    """ValueError unless each input mask applies as in Keras's layer: one
+    flag per position of its tensor (broadcastable to `tensor.shape[:-1]`),
+    with attention over the last axis before the features."""
+    for name, x, mask in zip(("query", "value", "key"), (query, value, key), masks):
+        if mask is None:
+            continue
+        shape = tuple(getattr(mask, "shape", np.shape(mask)))
+        if not axes.last_axis_only:
+            raise ValueError(
+                f"`{name}_mask` (or the mask `{name}` carries) needs attention over the "
+                f"last axis before the features (attention_axes=({axes.rank - 2},)), as "
+                f"in keras.layers.MultiHeadAttention; pass `attention_mask` for "
+                f"attention_axes={axes.axes}. Received: {name}_mask.shape={shape}"
+            )
+        want = tuple(x.shape[:-1])
+        if not 1 <= len(shape) <= len(want) or not all(
+            a is None or b is None or a in (1, b) for a, b in zip(shape[::-1], want[::-1])
+        ):
+            raise ValueError(
+                f"`{name}_mask` (or the mask `{name}` carries) must have `{name}`'s shape "
+                f"without its features, {want} (one flag per position). "
+                f"Received: {name}_mask.shape={shape}"
+            )
