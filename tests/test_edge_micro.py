@@ -168,6 +168,26 @@ def test_debug_int8_prints_the_table_in_process(digits_bundle):
     assert any(r.split()[2] == "1" for r in rows)  # per-head rows of a (1, 2, 8, 8) tensor
 
 
+def test_debug_json_writes_every_row(digits_bundle, tmp_path):
+    """The table shows the worst 30; --json FILE holds every row, worst first."""
+    out_path = tmp_path / "debug.json"
+    status, out, err = run_main(main, [digits_bundle, "--debug", "int8", "--json", out_path])
+    assert status == 0, err
+    data = json.loads(out_path.read_text())
+    rows = data["rows"]
+    more = next(line for line in out.splitlines() if line.startswith("... "))
+    assert more == f"... {len(rows) - 30} more rows (all {len(rows)} in {out_path})"
+    assert len(rows) > 30 and data["mode"] == "int8" and data["samples"] == 360
+    errors = [r["rel_rmse"] for r in rows]
+    assert errors == sorted(errors, reverse=True) and errors[0] > 0
+    table = [line.split() for line in out.splitlines()[3:33]]
+    assert [t[0] for t in table] == [r["name"] for r in rows[:30]]  # the same rows, in order
+    status, out, _ = run_main(main, [digits_bundle, "--debug", "int8"])
+    assert "more rows (--json FILE writes every row)" in out
+    status, _, err = run_main(main, [digits_bundle, "--debug", "int8", "--json", digits_bundle])
+    assert status == 2 and "--json" in err
+
+
 def test_debug_one_sample_in_the_edge_venv(digits_bundle, app_dir):
     done = _device(
         app_dir, edge_python("litert"), digits_bundle, "--debug", "int16x8", "--sample", 3
@@ -185,7 +205,7 @@ def test_debug_one_sample_in_the_edge_venv(digits_bundle, app_dir):
         (["--debug", "int9"], "mode 'int9' is not in this bundle"),
         (["--debug", "int8", "--sample", "360"], "--sample: 360 is out of range"),
         (["--debug", "int8", "--text", "hi"], "--debug cannot be combined with --text"),
-        (["--debug", "int8", "--json", "x.json"], "--debug cannot be combined with --json"),
+        (["--debug", "int8", "--wide"], "--debug cannot be combined with --wide"),
         (["--debug", "int8", "--runtime", "tflite-micro"], "the debugger runs on ai-edge-litert"),
     ],
 )

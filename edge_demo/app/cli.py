@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=pathlib.Path,
         dest="json_path",
         metavar="FILE",
-        help="also write the parity report as JSON",
+        help="also write the parity report as JSON (with --debug: every row of its table)",
     )
     parser.add_argument(
         "--wide",
@@ -144,7 +144,6 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     if args.debug is not None:
         for flag, value in (
             ("--text", args.text),
-            ("--json", args.json_path),
             ("--wide", args.wide or None),
             ("--view", args.view),
         ):
@@ -222,7 +221,13 @@ def run(options: DemoOptions) -> int:
     if options.debug is not None:
         from ..debug.cli import run_debug
 
-        return run_debug(options.bundle, options.debug, options.sample, options.runtime)
+        return run_debug(
+            options.bundle,
+            options.debug,
+            options.sample,
+            runtime_choice=options.runtime,
+            json_path=options.json_path,
+        )
     bundle = open_bundle(options.bundle, options.quant)
     _check_request(bundle, options)
     runtime = select_runtime(options.runtime)

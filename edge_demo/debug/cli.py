@@ -2,13 +2,16 @@
 
 Runs the bundle's float32 model and MODE's named model (never the deploy
 file: it has no tensor names) on the eval samples, or on sample N alone,
-through LiteRT's builtin kernels, and prints the worst 30 tensors (per head
+through LiteRT's builtin kernels, and prints the worst 30 tensors (`--json FILE`:
+every row, as JSON) (per head
 where a tensor has the head axis), then the ops that compute in float in an
 integer mode. The head count comes from the attention signature's outputs
 `(1, heads, T, T)` when the bundle has one.
 """
 
 from __future__ import annotations
+
+import pathlib
 
 from ..contract.bundle import Bundle, open_bundle
 from ..contract.manifest import Manifest
@@ -40,8 +43,18 @@ def _num_heads(bundle: Bundle, mode: str) -> int | None:
     return None
 
 
-def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = "auto") -> int:
-    """Print MODE's error table against float32; UsageError (exit 2) on bad input."""
+def run_debug(
+    bundle_path,
+    mode: str,
+    sample: int | None,
+    runtime_choice: str = "auto",
+    json_path: pathlib.Path | None = None,
+) -> int:
+    """Print MODE's error table against float32 (`json_path`: every row as JSON too).
+
+    UsageError (exit 2) on bad input.
+    """
+    from ..contract.files import check_output, write_json_atomic
     from . import debugger
 
     check_debug_runtime(runtime_choice)
@@ -60,6 +73,8 @@ def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = 
         raise UsageError(
             f"{sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
         )
+    if json_path is not None:
+        check_output(json_path, "--json", protected=bundle.root)
     runtime = select_runtime("litert")
     x = bundle.eval.x if sample is None else bundle.eval.x[sample : sample + 1]
     # Each model's first load, with the debugger's own interpreter options, in
@@ -97,5 +112,22 @@ def run_debug(bundle_path, mode: str, sample: int | None, runtime_choice: str = 
         raise UsageError(
             f"the debugger cannot run it ({detail})", bundle.path(bundle.manifest.models[mode].file)
         ) from None
-    print(debugger.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats))
+    where = f" (all {len(rows)} in {json_path})" if json_path else " (--json FILE writes every row)"
+    print(debugger.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats, more=where))
+    if json_path is not None:
+        write_json_atomic(
+            json_path,
+            flag="--json",
+            protected=bundle.root,
+            data={
+                "bundle": str(bundle.root.resolve()),
+                "mode": mode,
+                "reference": "float32",
+                "samples": samples if sample is None else [sample],
+                "runtime": f"{runtime.name} {runtime.version} builtin kernels",
+                "rows": [row.to_json() for row in rows],
+                "float_ops": list(floats),
+            },
+        )
+        print(f"wrote {json_path}")
     return 0

@@ -250,9 +250,12 @@ def float_ops(mode_bytes: bytes) -> list[str]:
 
 
 def format_debug_table(
-    rows: Sequence[DebugRow], limit: int | None = None, floats: Sequence[str] = ()
+    rows: Sequence[DebugRow], limit: int | None = None, floats: Sequence[str] = (), more: str = ""
 ) -> str:
-    """The rows as a text table (the first `limit`), then the float ops if any."""
+    """The rows as a text table (the first `limit`), then the float ops if any.
+
+    `more` follows the count of rows left out (where the rest can be found).
+    """
     headers = ["tensor", "op", "head", "shape", "dtype", "rel RMSE", "max|Δ|", "RMSE/q"]
     shown = list(rows)[:limit] if limit else list(rows)
     body = [
@@ -270,7 +273,7 @@ def format_debug_table(
     ]
     lines = [format_table(headers, body, right={5, 6, 7})]
     if limit and len(rows) > limit:
-        lines.append(f"... {len(rows) - limit} more rows")
+        lines.append(f"... {len(rows) - limit} more rows{more}")
     if floats:
         lines.append(f"ops computing in float: {', '.join(floats)}")
     return "\n".join(lines)
