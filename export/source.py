@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import pathlib
 import re
@@ -201,10 +200,10 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
     labels = [str(i) for i in range(num_classes)]
     if paths.labels is not None:
         try:
-            raw = json.loads(paths.labels.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise UsageError(f"not valid JSON ({one_line(error)})", paths.labels) from None
-        labels = check_labels(raw, num_classes, paths.labels)
+            raw = paths.labels.read_bytes()
+        except OSError as error:
+            raise UsageError(f"cannot read it ({one_line(error)})", paths.labels) from None
+        labels = check_labels(raw, num_classes, paths.labels)  # the device's own parser
     vocab = None if paths.vocab is None else Vocab.load(paths.vocab)
     model = load_keras_file(paths.model, import_modules)
     check_model_io(model, paths.model, num_classes)

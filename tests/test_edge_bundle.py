@@ -118,13 +118,19 @@ BAD_DIGITS_BUNDLES = {
         "model_int8.tflite",
         "truncated or replaced",
     ),
-    "random-bytes-model": (
-        _transform("model_int8.tflite", _random_bytes),
+    "random-bytes-model": (  # the manifest forged to match: the header check speaks
+        _then(
+            _transform("model_int8.tflite", _random_bytes),
+            lambda b: match_model_file(b, "int8"),
+        ),
         "model_int8.tflite",
         "not a TFLite model: file identifier",
     ),
     "wrong-identifier-model": (
-        _transform("model_int8.tflite", lambda d: d[:4] + b"TFL2" + d[8:]),
+        _then(
+            _transform("model_int8.tflite", lambda d: d[:4] + b"TFL2" + d[8:]),
+            lambda b: match_model_file(b, "int8"),
+        ),
         "model_int8.tflite",
         "file identifier b'TFL2'",
     ),
@@ -207,9 +213,14 @@ BAD_DIGITS_BUNDLES = {
     ),
     "eval-x-wrong-shape": (_npz(x=lambda x: x[:, :, :7]), "eval.npz", "x has shape [360, 8, 7]"),
     "eval-x-wrong-dtype": (
+        _npz(x=lambda x: x.astype(np.float16)),
+        "eval.npz",
+        "x has dtype float16",
+    ),
+    "eval-x-wider-dtype": (  # sized by the manifest's x_dtype before it is inflated
         _npz(x=lambda x: x.astype(np.float64)),
         "eval.npz",
-        "x has dtype float64",
+        "array x inflates to",
     ),
     "eval-y-wrong-dtype": (
         _npz(y=lambda y: y.astype(np.float32)),
@@ -336,6 +347,23 @@ def test_text_of_unknown_words_says_the_prediction_means_nothing(text_bundle):
     status, stdout, _ = edge(text_bundle, "--text", f"{known} zorp")
     assert status == 0 and "unknown to the vocabulary: zorp" in stdout, stdout
     assert "every word is unknown" not in stdout
+
+
+@pytest.mark.slow
+def test_eval_npz_may_hold_arrays_the_device_does_not_read(bundle_copy):
+    """A pronouns run's eval.npz carries its sentences (text, cue, nouns: 0.6 MB for
+    1,500 sentences); export copies it, and the device reads only x, y, probs."""
+    path = bundle_copy / "eval.npz"
+    with np.load(path) as held:
+        arrays = {k: held[k] for k in held.files}
+    text = np.array([f"sentence number {i} " * 4 for i in range(len(arrays["x"]))])
+    np.savez(path, **arrays, text=text, cue=np.array(["number"] * len(text)))
+    # past a cap made of the three arrays' sizes (+ 64 KiB), the one that refused it
+    assert path.stat().st_size > sum(a.nbytes for a in arrays.values()) + 65536 + 4096
+    match_file(bundle_copy, "eval")
+    status, stdout, stderr = edge(bundle_copy, "--quant", "float32")
+    assert status == 0, stderr
+    assert "float32  PASS" in stdout
 
 
 def test_usage_errors_are_one_line(tmp_path, capsys):

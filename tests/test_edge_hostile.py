@@ -15,6 +15,8 @@ import io
 import json
 import os
 import pathlib
+import resource
+import struct
 import subprocess
 import sys
 import zipfile
@@ -68,21 +70,27 @@ def assert_bad(result, *fragments: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("what", "value", "argv"),
+    ("what", "value", "argv", "problem"),
     [
-        pytest.param("signature1.subgraph_index", 99, ["--quant", "int8"], id="subgraph-index"),
         pytest.param(
-            "subgraph1.outputs[0]", -1, ["--sample", "0", "--view", "{tmp}/v.html"], id="output-1"
+            "signature1.subgraph_index", 99, ["--quant", "int8"], "names subgraph 99",
+            id="subgraph-index",
+        ),
+        pytest.param(
+            "subgraph1.outputs[0]", -1, ["--sample", "0", "--view", "{tmp}/v.html"],
+            "output tensor -1", id="output-1",
         ),
     ],
-)
-def test_a_corrupt_signature_crashes_the_probe_not_the_app(text_copy, tmp_path, what, value, argv):
+)  # fmt: skip
+def test_a_corrupt_signature_is_refused_before_a_runtime_sees_it(
+    text_copy, tmp_path, what, value, argv, problem
+):
+    """index_problem (contract/flatbuffer.py) refuses both indices, whatever the runtime."""
     apply(text_copy, {"kind": "tflite", "file": "model_int8.tflite", "what": what, "site": 0,
                       "value": value})  # fmt: skip
     done = edge_process(text_copy, *[a.format(tmp=tmp_path) for a in argv], "--runtime", "litert")
-    assert done.returncode in (0, 1, 2), (done.returncode, done.stdout, done.stderr)  # no signal
-    if done.returncode == 2:
-        one_error_line(done.stderr, PROG, "model_int8.tflite")
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    one_error_line(done.stderr, PROG, "model_int8.tflite", problem)
 
 
 def test_the_debugger_probes_its_models_first(text_copy):
@@ -90,7 +98,9 @@ def test_the_debugger_probes_its_models_first(text_copy):
                       "what": "subgraph0.op3.opcode_index", "value": 0})  # fmt: skip
     done = edge_process(text_copy, "--debug", "int8", "--sample", "0")
     assert done.returncode == 2, (done.stdout, done.stderr)
-    one_error_line(done.stderr, PROG, "model_float32.tflite")
+    # the probe's words (runtimes/probe.py), not debug/cli.py's "the debugger cannot run it"
+    line = one_error_line(done.stderr, PROG, "model_float32.tflite", "ai-edge-litert")
+    assert "the debugger cannot run it" not in line and "bundle " not in done.stdout, line
 
 
 # --- 2. a corrupted model is not a missing kernel -------------------------------------
@@ -310,3 +320,250 @@ def test_a_hostile_scale_prints_no_numpy_warning(text_copy):
     edit_manifest(text_copy, edit)
     status, _, stderr = edge(text_copy, "--quant", "int8")
     assert status == 2 and len(stderr.strip().splitlines()) == 1, stderr
+
+
+# --- review of the hardening (issue 21, second round) ----------------------------------------
+
+
+def _edge_in_512_mb(*argv) -> subprocess.CompletedProcess:
+    """The app in a child whose address space is 512 MB (a device's whole budget)."""
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return subprocess.run(
+        [sys.executable, "-m", "edge_demo", *map(str, argv)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=300,
+        check=False,
+        preexec_fn=limit,
+    )
+
+
+def _zeros_member(archive: zipfile.ZipFile, name: str, header_shape, dtype: str, mib: int) -> None:
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": np.dtype(dtype).str, "fortran_order": False, "shape": header_shape}
+    )
+    with archive.open(name, "w", force_zip64=True) as member:
+        member.write(header.getvalue())
+        block = bytes(1 << 20)
+        for _ in range(mib):
+            member.write(block)
+
+
+def _huge_attention(bundle: pathlib.Path) -> str:
+    """Signatures declaring 64M-value attention outputs (the old cap: 10 GiB a layer), and
+    a 1 MB attention.npz whose layer inflates to 600 MiB."""
+
+    def edit(manifest):
+        for entry in manifest["models"].values():
+            if entry.get("attention"):
+                outputs = entry["signatures"][entry["attention"]["signature"]]["outputs"]
+                outputs["attention_0"]["shape"] = [1, 64, 1024, 1024]
+
+    edit_manifest(bundle, edit)
+    with zipfile.ZipFile(bundle / "attention.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        _zeros_member(archive, "attention_0.npy", (40, 64, 1024, 1024), "float32", 600)
+    return "attention.npz"
+
+
+def _huge_eval(bundle: pathlib.Path) -> str:
+    """eval.x declared int32 (40, 1,600,000) (the old cap: 8 bytes a value, 512 MB), and a
+    1 MB eval.npz whose x inflates to 480 MiB."""
+    width = 1_600_000
+
+    def edit(manifest):
+        manifest["eval"]["x_shape"] = [40, width]
+        for entry in manifest["models"].values():
+            entry["input"]["shape"] = [1, width]
+
+    edit_manifest(bundle, edit)
+    with zipfile.ZipFile(bundle / "eval.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        _zeros_member(archive, "x.npy", (40, width), "int32", 480)
+        archive.writestr("y.npy", _npy(np.zeros(40, np.int64)))
+        archive.writestr("probs.npy", _npy(np.full((40, 2), 0.5, np.float32)))
+    return "eval.npz"
+
+
+@pytest.mark.parametrize("make", [_huge_attention, _huge_eval], ids=["attention", "eval"])
+def test_a_manifest_declaring_huge_shapes_does_not_raise_the_inflate_budget(text_copy, make):
+    from mutations import fix_checksum
+
+    name = make(text_copy)
+    assert (text_copy / name).stat().st_size < 4_000_000
+    fix_checksum(text_copy, name)
+    done = _edge_in_512_mb(text_copy, "--quant", "int8", "--runtime", "litert")
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-2000:])
+    one_error_line(done.stderr, PROG, name, "inflates")
+
+
+def test_read_inside_never_reads_more_than_the_file_cap(tmp_path, monkeypatch):
+    from keras_mha_edge.contract import files
+
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
+    (tmp_path / "eval.npz").write_bytes(bytes(2000))
+    with pytest.raises(UsageError, match="at most 1000 bytes"):
+        read_inside(tmp_path, "eval.npz", max_bytes=10**12)
+
+
+def _shared_reference_model(n: int) -> bytes:
+    """A flatbuffer whose n subgraph refs share one subgraph, whose n operator refs share one
+    operator with n inputs: n**3 index checks from ~24 n bytes."""
+    out = bytearray()
+
+    def u32(value=0):
+        out.extend(struct.pack("<I", value))
+        return len(out) - 4
+
+    def point(at, target):
+        struct.pack_into("<I", out, at, target - at)
+
+    root_ref = u32()
+    out.extend(b"TFL3")
+    vtable_root = len(out)
+    out.extend(struct.pack("<6H", 16, 16, 0, 4, 8, 0) + struct.pack("<2H", 12, 0))
+    root = u32()
+    struct.pack_into("<i", out, root, root - vtable_root)
+    opcodes_ref, subgraphs_ref, buffers_ref = u32(), u32(), u32()
+    point(root_ref, root)
+    for ref in (opcodes_ref, buffers_ref):
+        point(ref, len(out))
+        u32(1), u32(0)
+    point(subgraphs_ref, len(out))
+    u32(n)
+    subgraph_refs = [u32() for _ in range(n)]
+    vtable_sub = len(out)
+    out.extend(struct.pack("<6H", 12, 12, 4, 0, 0, 8))
+    sub = u32()
+    struct.pack_into("<i", out, sub, sub - vtable_sub)
+    tensors_ref, operators_ref = u32(), u32()
+    for ref in subgraph_refs:
+        point(ref, sub)
+    point(tensors_ref, len(out))
+    u32(1)
+    tensor_ref = u32()
+    vtable_tensor = len(out)
+    out.extend(struct.pack("<2H", 4, 4))
+    tensor = u32()
+    struct.pack_into("<i", out, tensor, tensor - vtable_tensor)
+    point(tensor_ref, tensor)
+    point(operators_ref, len(out))
+    u32(n)
+    operator_refs = [u32() for _ in range(n)]
+    vtable_op = len(out)
+    out.extend(struct.pack("<4H", 8, 8, 0, 4))
+    op = u32()
+    struct.pack_into("<i", out, op, op - vtable_op)
+    inputs_ref = u32()
+    for ref in operator_refs:
+        point(ref, op)
+    point(inputs_ref, len(out))
+    u32(n)
+    for _ in range(n):
+        u32(0)
+    return bytes(out)
+
+
+def test_the_flatbuffer_walk_has_one_budget_for_shared_tables(tmp_path):
+    from keras_mha_edge.contract.flatbuffer import index_problem
+
+    assert index_problem(_shared_reference_model(3)) is None  # sound, and small: walked whole
+    model = tmp_path / "model.tflite"
+    model.write_bytes(_shared_reference_model(4000))  # 96 KB, 6.4e10 checks without a budget
+    code = (
+        "import sys; from keras_mha_edge.contract.flatbuffer import index_problem; "
+        "print(index_problem(open(sys.argv[1], 'rb').read()))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(model)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "corrupt TFLite flatbuffer" in done.stdout and "reads" in done.stdout, done.stdout
+
+
+def test_a_model_is_checked_against_its_sha256_before_it_is_parsed(text_copy):
+    path = text_copy / "model_int8.tflite"
+    data = bytearray(path.read_bytes())
+    data[4:8] = b"XXXX"  # a corrupt header, and the manifest's sha256 no longer matches
+    path.write_bytes(bytes(data))
+    line = assert_bad(edge(text_copy, "--quant", "int8"), "model_int8.tflite", "sha256")
+    assert "TFLite" not in line
+
+
+def test_attention_outputs_must_be_named_by_layer(text_copy, tmp_path):
+    from mutations import fix_checksum
+
+    path = text_copy / "model_int8.tflite"
+    data = path.read_bytes()
+    assert data.count(b"attention_0") == 1
+    path.write_bytes(data.replace(b"attention_0", b"attention_x"))
+    fix_checksum(text_copy, "model_int8.tflite")
+
+    def edit(manifest):
+        manifest["attention"] = None
+        outputs = manifest["models"]["int8"]["signatures"]["view"]["outputs"]
+        outputs["attention_x"] = dict(outputs.pop("attention_0"), name="attention_x")
+
+    edit_manifest(text_copy, edit)
+    result = edge(text_copy, "--quant", "int8", "--sample", "0", "--view", tmp_path / "v.html")
+    assert_bad(result, "models.int8.signatures.view.outputs", "attention_0", "attention_x")
+
+
+def test_export_and_run_directories_read_labels_with_the_devices_parser():
+    from keras_mha.rundir import check_labels
+
+    assert check_labels(b'["a", "b"]', 2, "labels.json") == ["a", "b"]
+    for hostile in (["ok", "\x1b[31mred"], ["x" * 300, "b"]):
+        with pytest.raises(UsageError, match="printable"):
+            check_labels(hostile, 2, "labels.json")
+    with pytest.raises(UsageError, match="appears twice"):
+        check_labels(b'[{"a": 1, "a": 2}, "b"]', 2, "labels.json")
+
+
+def test_a_symbolic_link_or_fifo_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    import signal
+
+    from keras_mha_edge.contract import files
+
+    monkeypatch.setattr(files, "inside", lambda root, name: root / name)  # the race, won
+    (tmp_path / "secret").write_bytes(b"outside")
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "labels.json").symlink_to(tmp_path / "secret")
+    with pytest.raises(UsageError, match="symbolic link"):
+        read_inside(tmp_path / "bundle", "labels.json")
+    os.mkfifo(tmp_path / "bundle" / "eval.npz")
+
+    def hung(*_):
+        raise TimeoutError("open() blocked on the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)
+    try:
+        with pytest.raises(UsageError, match="not a regular file"):
+            read_inside(tmp_path / "bundle", "eval.npz")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_archive_of_too_many_members_is_refused_before_zipfile_reads_its_directory(
+    monkeypatch,
+):
+    from keras_mha_edge.contract import arrays
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for i in range(5000):
+            archive.writestr(f"a{i}.npy", b"")
+
+    def no_zipfile(*_, **__):
+        raise AssertionError("zipfile.ZipFile parsed the central directory first")
+
+    monkeypatch.setattr(arrays.zipfile, "ZipFile", no_zipfile)
+    with pytest.raises(UsageError, match="5000 members"):
+        read_npz(buffer, ("x",), where="eval.npz")

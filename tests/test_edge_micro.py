@@ -79,7 +79,7 @@ def test_deploy_files_are_smaller_and_bit_identical_on_litert(digits_bundle, man
     bundle = open_bundle(digits_bundle)
     litert = select_runtime("litert")
 
-    class Micro:  # what deployed.py keys on: the runtime's name
+    class Micro:  # what runtimes/policy.py keys on: the runtime's name
         name = "tflite-micro"
 
     for mode, entry in manifest["models"].items():

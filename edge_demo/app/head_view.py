@@ -17,6 +17,7 @@ import pathlib
 
 import numpy as np
 
+from ..contract.attention import output_name
 from ..contract.bundle import Bundle
 from ..contract.files import check_output
 from ..errors import UsageError
@@ -82,7 +83,15 @@ def write_view(
         raise UsageError(f"{exc}; try --runtime litert or another --quant mode", "--view") from None
     finally:
         model.close()
-    names = sorted(outputs, key=lambda name: int(name.rsplit("_", 1)[-1]))
+    # the contract's names (entries.py checks the signature has exactly these)
+    names = [output_name(i) for i in range(len(outputs))]
+    missing = [name for name in names if name not in outputs]
+    if missing:
+        raise UsageError(
+            f"{bundle.path(entry.file)}'s {check.signature} signature has no output "
+            f"{missing[0]} (outputs must be {output_name(0)} ...); re-export the bundle",
+            "--view",
+        )
     device = [outputs[name][0] for name in names]
     notes = [f"attention from {mode} on {runtime.name} {runtime.version}"]
     reference = reference_probs = None

@@ -117,7 +117,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
                 "exit_code": code,
             },
         )
-        print(f"wrote {options.json_path}")
+        print(f"wrote {safe(options.json_path)}")
     return code
 
 

@@ -20,7 +20,7 @@ import pathlib
 import numpy as np
 
 from ..errors import UsageError
-from .arrays import NPY_HEADER_BYTES, read_npz
+from .arrays import BUNDLE_ARCHIVE_BYTES, BUNDLE_MEMBER_BYTES, NPY_HEADER_BYTES, read_npz
 from .attention_parity import AttentionParity, AttentionThresholds
 from .fields import Fields
 from .files import read_inside
@@ -116,7 +116,9 @@ def load_reference(
 
     `max_layer_values`: the most values one layer's array may hold (from the
     models' attention signatures: samples x h x T x S); the archive's
-    declared sizes are checked against it before anything is inflated.
+    declared sizes are checked against it before anything is inflated. What
+    the manifest declares is never trusted alone: one layer inflates to at
+    most `BUNDLE_MEMBER_BYTES`, all layers together to `BUNDLE_ARCHIVE_BYTES`.
     """
     path = root / ref.file
     if ref.samples > eval_samples:
@@ -124,9 +126,16 @@ def load_reference(
             f"manifest.json says {ref.samples} samples, eval.npz has {eval_samples}", path
         )
     names = tuple(output_name(i) for i in range(ref.layers))
-    member_bytes = 4 * max_layer_values + NPY_HEADER_BYTES
+    member_bytes = min(4 * max_layer_values + NPY_HEADER_BYTES, BUNDLE_MEMBER_BYTES)
     data = read_inside(root, ref.file, ref.sha256, max_bytes=ref.layers * member_bytes + 65536)
-    arrays = read_npz(io.BytesIO(data), names, where=path, max_member_bytes=member_bytes)
+    arrays = read_npz(
+        io.BytesIO(data),
+        names,
+        where=path,
+        max_member_bytes=member_bytes,
+        max_total_bytes=BUNDLE_ARCHIVE_BYTES,
+    )
+    del data
     weights = []
     for name in names:
         w = arrays[name]

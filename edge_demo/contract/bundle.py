@@ -23,7 +23,14 @@ import pathlib
 import numpy as np
 
 from ..errors import UsageError, safe
-from .arrays import NPY_HEADER_BYTES, EvalData, check_eval, read_npz
+from .arrays import (
+    BUNDLE_ARCHIVE_BYTES,
+    BUNDLE_MEMBER_BYTES,
+    NPY_HEADER_BYTES,
+    EvalData,
+    check_eval,
+    read_npz,
+)
 from .attention import MAX_LAYER_VALUES, load_reference, output_name
 from .entries import EvalSpec, FileRef, ModelEntry
 from .fields import parse_json
@@ -74,7 +81,7 @@ def select_modes(manifest: Manifest, quant: str | None) -> tuple[str, ...]:
 
 
 def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
-    """A model file's bytes, checked against its entry: size, header, sha256."""
+    """A model file's bytes, checked against its entry: size, sha256, then header and indices."""
     path = root / entry.file
     if not path.exists() and not path.is_symlink():
         raise UsageError(f"not found (manifest.json lists it for mode {entry.mode!r})", path)
@@ -85,29 +92,38 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
         raise UsageError(
             f"size {size} bytes, manifest.json says {entry.bytes}: truncated or replaced", path
         )
-    data = read_inside(root, entry.file)
+    data = read_inside(root, entry.file, entry.sha256)  # nothing parsed before its checksum
     problem = tflite_problem(data) or index_problem(data)
     if problem:
         raise UsageError(problem, path)
-    digest = sha256_bytes(data)
-    if digest != entry.sha256:
-        raise UsageError(
-            f"sha256 {digest[:12]}... does not match manifest.json ({entry.sha256[:12]}...)", path
-        )
     return data
 
 
 def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
-    """`eval.npz`: sha256, then `arrays.check_eval`, then the manifest's shape and dtype."""
+    """`eval.npz`: sha256, then `arrays.check_eval`, then the manifest's shape and dtype.
+
+    Each array's inflated size is bounded by what the manifest declares (x by
+    its dtype, y and probs by the widest, 8 bytes) and, whatever it declares,
+    by `BUNDLE_MEMBER_BYTES` per array and `BUNDLE_ARCHIVE_BYTES` together.
+    The file itself may also hold arrays the device does not read (a pronouns
+    run's `text`, `cue`, `nouns`: the export copies the run's file), so its
+    size is bounded by the archive budget, not by the three arrays'."""
     path = root / spec.file
-    values = {
-        "x": math.prod(spec.x_shape),
-        "y": spec.samples,
-        "probs": spec.samples * spec.num_classes,
+    sizes = {
+        "x": math.prod(spec.x_shape) * _itemsize(spec.x_dtype),
+        "y": spec.samples * 8,
+        "probs": spec.samples * spec.num_classes * 8,
     }
-    limits = {k: 8 * v + NPY_HEADER_BYTES for k, v in values.items()}  # 8: the widest dtype
-    data = read_inside(root, spec.file, spec.sha256, max_bytes=sum(limits.values()) + 65536)
-    arrays = read_npz(io.BytesIO(data), ("x", "y", "probs"), where=path, max_member_bytes=limits)
+    limits = {k: min(v + NPY_HEADER_BYTES, BUNDLE_MEMBER_BYTES) for k, v in sizes.items()}
+    data = read_inside(root, spec.file, spec.sha256, max_bytes=BUNDLE_ARCHIVE_BYTES)
+    arrays = read_npz(
+        io.BytesIO(data),
+        ("x", "y", "probs"),
+        where=path,
+        max_member_bytes=limits,
+        max_total_bytes=BUNDLE_ARCHIVE_BYTES,
+    )
+    del data
     x = arrays["x"]
     if x.shape != spec.x_shape:
         raise UsageError(
@@ -123,6 +139,13 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
             path,
         )
     return check_eval(x, arrays["y"], probs, path)
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize or 8
+    except TypeError:  # the manifest's dtype is checked elsewhere; bound it by the widest
+        return 8
 
 
 def labels_json(labels: list[str] | tuple[str, ...]) -> bytes:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import safe
-from .attention import AttentionCheck
+from .attention import AttentionCheck, output_name
 from .deploy import DeployFile, micro_json
 from .fields import Fields, kind
 from .files import MAX_FILE_BYTES
@@ -195,6 +195,20 @@ class ModelEntry:
                     prefix + "attention.signature",
                     f"names {attention.signature!r}, which is not in {prefix}signatures",
                 )
+        parsed = {
+            name: Signature.from_json(fields, signatures, name, prefix + "signatures.")
+            for name in signatures
+        }
+        if attention is not None:
+            outputs = list(parsed[attention.signature].outputs)
+            expected = [output_name(i) for i in range(len(outputs))]
+            if not outputs or sorted(outputs) != sorted(expected):
+                raise fields.fail(
+                    f"{prefix}signatures.{attention.signature}.outputs",
+                    f"must be {', '.join(expected[:3]) or output_name(0)}"
+                    f"{' ...' if len(expected) > 3 else ''} (one per layer), got "
+                    f"{', '.join(repr(safe(n, 40)) for n in sorted(outputs)[:5])}",
+                )
         return cls(
             mode=mode,
             file=fields.filename(entry, "file", prefix),
@@ -207,10 +221,7 @@ class ModelEntry:
             verified=verified if isinstance(verified, bool) else None,
             parity=Parity.from_json(entry.get("parity")),
             ops=_counts(entry.get("ops")),
-            signatures={
-                name: Signature.from_json(fields, signatures, name, prefix + "signatures.")
-                for name in signatures
-            },
+            signatures=parsed,
             attention=attention,
             deploy=None
             if entry.get("deploy") is None

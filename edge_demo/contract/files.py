@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -33,6 +34,8 @@ TFLITE_IDENTIFIER = b"TFL3"
 # The most a bundle file is read into memory for (a model, an npz): a device
 # app's whole budget is 512 MB; JSON files have their own, smaller caps.
 MAX_FILE_BYTES = 256 * 1024 * 1024
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _umask() -> int:
@@ -200,6 +203,8 @@ def check_writable(path: str | os.PathLike, flag: str = "--out") -> pathlib.Path
     where = f"{flag} {path}"
     try:
         return _check_writable(path, where)
+    except UsageError:  # already says what is wrong (a UsageError is a ValueError too)
+        raise
     except OSError as exc:  # a name too long, a loop of links, ...
         raise UsageError(f"cannot use this path ({exc.strerror or exc})", where) from None
     except ValueError as exc:  # an embedded NUL, an unencodable name
@@ -337,16 +342,33 @@ def read_inside(
 ) -> bytes:
     """The bytes of bundle file `name`, checked by `inside`, its size, and `sha256`.
 
-    The size is checked before reading (at most `max_bytes`, and the read
-    stops there whatever the file grows to) and the sha256 computed while
-    reading, so nothing is parsed before its checksum matches.
+    The size is checked before reading (at most `max_bytes`, never more than
+    `MAX_FILE_BYTES` whatever the caller asks, and the read stops there
+    whatever the file grows to) and the sha256 computed while reading, so
+    nothing is parsed before its checksum matches. The file is opened without
+    following a symbolic link and without blocking (a FIFO swapped in after
+    `inside` looked), and must still be a regular file once open.
     """
+    max_bytes = min(max_bytes, MAX_FILE_BYTES)
     path = inside(root, name)
     digest = hashlib.sha256()
     blocks = []
     try:
-        with open(path, "rb", buffering=0) as handle:
-            size = os.fstat(handle.fileno()).st_size
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(
+                "is a symbolic link; bundle files must be regular files", path
+            ) from None
+        raise UsageError(f"cannot read it ({exc.strerror or exc})", path) from None
+    try:
+        with open(fd, "rb", buffering=0) as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise UsageError("not a regular file", path)
+            if _NONBLOCK:
+                os.set_blocking(fd, True)
+            size = info.st_size
             if size > max_bytes:
                 raise UsageError(
                     f"is {size} bytes; this file may be at most {max_bytes} bytes", path
@@ -362,6 +384,7 @@ def read_inside(
     except OSError as exc:
         raise UsageError(f"cannot read it ({exc.strerror or exc})", path) from None
     data = b"".join(blocks)
+    del blocks
     if len(data) > max_bytes:
         raise UsageError(f"grew past {max_bytes} bytes while being read", path)
     if sha256 is not None:

@@ -7,7 +7,11 @@ output, a subgraph that does not exist) reads outside an array in native
 code: a crash, or worse, one that does not always happen, so a child-process
 probe cannot rule it out (runtimes/probe.py). `index_problem` walks the
 schema's tables (tensorflow/lite/schema/schema.fbs) with every read bounds
-checked. Standard library only.
+checked, and the whole walk within one budget of reads (`_READS_PER_BYTE`
+per byte of the file, plus `_MIN_READS`): tables may be shared, so a small
+file whose vectors all point at one table would otherwise multiply the work
+(a sound model needs far fewer reads than it has bytes: every table and
+vector item it reads takes 4 bytes or more). Standard library only.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ _OP_OPCODE, _OP_INPUTS, _OP_OUTPUTS, _OP_INTERMEDIATES = 0, 1, 2, 7
 _SIG_INPUTS, _SIG_OUTPUTS, _SIG_SUBGRAPH = 0, 1, 4
 _MAP_TENSOR = 1
 _MAX_ITEMS = 1 << 22
+_READS_PER_BYTE = 1
+_MIN_READS = 1 << 16
 
 
 class _Corrupt(Exception):
@@ -31,8 +37,15 @@ class _Corrupt(Exception):
 class _Reader:
     def __init__(self, data: bytes):
         self.data = data
+        self.budget = _READS_PER_BYTE * len(data) + _MIN_READS
 
     def unpack(self, fmt: str, at: int):
+        self.budget -= 1
+        if self.budget < 0:
+            raise _Corrupt(
+                f"its tables take more than {_READS_PER_BYTE * len(self.data) + _MIN_READS} "
+                "reads to walk (shared or looping references)"
+            )
         if at < 0 or at + struct.calcsize(fmt) > len(self.data):
             raise _Corrupt(f"offset {at} is outside the file")
         return struct.unpack_from(fmt, self.data, at)[0]

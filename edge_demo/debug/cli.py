@@ -15,7 +15,7 @@ import pathlib
 
 from ..contract.bundle import Bundle, open_bundle
 from ..contract.manifest import Manifest
-from ..errors import UsageError
+from ..errors import UsageError, safe
 from ..runtimes.probe import probe_model
 from ..runtimes.runtime import RUNTIMES, select_runtime
 
@@ -93,7 +93,7 @@ def run_debug(
         probe.check_manifest(entry, bundle.path(entry.file))
     heads = _num_heads(bundle, mode)
     print(
-        f"bundle   {bundle.root}: {mode} against float32 on "
+        f"bundle   {safe(bundle.root)}: {mode} against float32 on "
         f"{'all ' + str(samples) + ' eval samples' if sample is None else 'eval sample ' + str(sample)}"
         f"; {runtime.name} {runtime.version} builtin kernels; heads {heads or '?'}",
         flush=True,
@@ -112,7 +112,11 @@ def run_debug(
         raise UsageError(
             f"the debugger cannot run it ({detail})", bundle.path(bundle.manifest.models[mode].file)
         ) from None
-    where = f" (all {len(rows)} in {json_path})" if json_path else " (--json FILE writes every row)"
+    where = (
+        f" (all {len(rows)} in {safe(json_path)})"
+        if json_path
+        else " (--json FILE writes every row)"
+    )
     print(debugger.format_debug_table(rows, limit=ROWS_SHOWN, floats=floats, more=where))
     if json_path is not None:
         write_json_atomic(
@@ -129,5 +133,5 @@ def run_debug(
                 "float_ops": list(floats),
             },
         )
-        print(f"wrote {json_path}")
+        print(f"wrote {safe(json_path)}")
     return 0

@@ -135,8 +135,8 @@ class ProbeResult:
     reason: str = ""  # why the runtime cannot run it (the mode is then skipped)
     inputs: tuple[TensorSpec, ...] = ()  # as the child's interpreter saw them
     outputs: tuple[TensorSpec, ...] = ()
-    # Signatures the runtime refused (an exception, not a crash): name -> why.
-    signature_errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    # (A signature the runtime refuses with an exception, not a crash, is the
+    # run's to report: EdgeModel.run_signature raises InferenceError.)
 
     def check_manifest(self, entry: ModelEntry, where: str | os.PathLike) -> None:
         """Raise UsageError if the probed tensors differ from the manifest entry."""
@@ -225,16 +225,10 @@ def probe_model(
             raise UsageError(
                 f"{runtime.name} probe said something unexpected ({exc})", where
             ) from None
-        errors = {}
-        for line in stdout.splitlines():
-            if line.startswith("PROBE-SIGNATURE-ERROR "):
-                name, _, detail = line[len("PROBE-SIGNATURE-ERROR ") :].partition('" ')
-                errors[name.strip('"')[:100]] = detail[:300]
         return ProbeResult(
             True,
             inputs=tuple(info for is_input, info in tensors if is_input),
             outputs=tuple(info for is_input, info in tensors if not is_input),
-            signature_errors=errors,
         )
     lines = [ln for ln in stdout.splitlines() if ln.startswith("PROBE-ERROR ")]
     detail = (

@@ -8,12 +8,15 @@ configuration (classes, input shape and dtype, vocabulary size, heads).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from keras_mha_edge.contract import arrays
+from keras_mha_edge.contract.bundle import parse_labels
+from keras_mha_edge.contract.fields import parse_json
 from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
@@ -100,11 +103,16 @@ def check_inputs(
 
 
 def check_labels(labels: Any, num_classes: int, where: str | os.PathLike) -> list[str]:
-    if not isinstance(labels, list) or not all(isinstance(v, str) for v in labels):
+    """Class names as the device reads them (`contract.bundle.parse_labels`: strict JSON,
+    printable names of at most 200 characters), from `labels.json`'s bytes or its
+    decoded list."""
+    raw = labels if isinstance(labels, bytes) else json.dumps(labels).encode("utf-8")
+    decoded = parse_json(raw, where)
+    if not isinstance(decoded, list) or not all(isinstance(v, str) for v in decoded):
         raise UsageError("expected a JSON list of class names", where)
-    if len(labels) != num_classes:
-        raise UsageError(f"{len(labels)} class names, but the model has {num_classes}", where)
-    return labels
+    if len(decoded) != num_classes:
+        raise UsageError(f"{len(decoded)} class names, but the model has {num_classes}", where)
+    return list(parse_labels(raw, num_classes, where))
 
 
 def check_vocab(vocab, config: ModelConfig, where: str | os.PathLike) -> None:

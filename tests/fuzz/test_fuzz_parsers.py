@@ -18,9 +18,8 @@ import pathlib
 import sys
 
 import numpy as np
-import pytest
 
-hypothesis = pytest.importorskip("hypothesis")
+# A plain import: hypothesis is in setup.cfg's test extra, so its absence is an error.
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

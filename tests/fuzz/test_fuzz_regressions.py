@@ -2,9 +2,11 @@
 bounded end-to-end campaign (tests/fuzz/campaign.py) on the text bundle fixture.
 
 A regression is a recipe (tests/fuzz/mutations.py) applied to a copy of the
-fixture and an argument list; the app must answer as designed: exit 0, 1 or
-2, no signal, no traceback, no exit 3, one error line on exit 2. `make
-fuzz` runs the campaign with thousands of cases.
+fixture and an argument list, with the answer the fixed app gives
+(`expect`): `usage-2` (one error line, naming `names`: the file or flag),
+`fail-1`, or `ok-0` (only for a lenient manifest field; a corrupted model is
+never ok-0). A finding saved by the campaign has no `expect` until it is
+fixed and labelled. `make fuzz` runs the campaign with thousands of cases.
 """
 
 from __future__ import annotations
@@ -40,9 +42,14 @@ def test_regression(case, text_bundle, tmp_path):
     if saved["recipe"]["kind"] != "none":
         apply(bundle, saved["recipe"])
     args = [a.format(tmp=tmp_path, bundle=bundle) for a in saved["args"]]
+    expect = saved.get("expect")
+    assert expect in ("ok-0", "fail-1", "usage-2"), f"{case.name}: label it with 'expect'"
+    assert not (expect == "ok-0" and saved["recipe"]["kind"] == "tflite"), "a corrupted model"
     outcome = campaign.run_case(_python(), bundle, args, timeout=120, memory_mb=512)
     label = campaign.classify(outcome, saved["recipe"], 512, 0.0)
-    assert label in ("ok-0", "fail-1", "usage-2"), (label, outcome["stderr"][-800:])
+    assert label == expect, (label, outcome["stdout"][-400:], outcome["stderr"][-800:])
+    if expect == "usage-2":
+        assert saved["names"] in outcome["stderr"], (saved["names"], outcome["stderr"])
 
 
 def test_bounded_campaign(text_bundle, tmp_path):
@@ -63,3 +70,5 @@ def test_bounded_campaign(text_bundle, tmp_path):
     )
     counts = json.loads(report.read_text())
     assert code == 0 and counts["findings"] == 0, counts
+    ran = counts["cases"] - counts["counts"].get("recipe-not-applicable", 0)
+    assert ran >= CAMPAIGN_CASES * 2 // 3, counts  # not passed by recipes that did not apply
