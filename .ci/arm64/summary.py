@@ -34,7 +34,7 @@ import numpy as np
 
 BUNDLES = ("digits", "text")
 REFERENCE = "x86-64"
-FLOAT_MODES = ("float32", "dynamic", "float16")
+FLOAT_MODES = ("float32", "float16")  # float arithmetic throughout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +46,16 @@ class RawBound:
     min_top1_same: float  # share of samples whose top class is the same
 
 
-# Measured by make test-arm64 on an AMD EPYC host, both CPUs (cortex-a72,
-# cortex-a76) alike (README, "64-bit ARM, emulated"):
-# - float32, dynamic, float16 (float outputs): within 1e-6 on the digits and
-#   pronouns bundles (7e-7 in an earlier run). Bound 4e-6, 4x the 1e-6.
+# Measured by make test-arm64 on an AMD EPYC host and an Intel Xeon host, both
+# CPUs (cortex-a72, cortex-a76) alike (docs/device.md, "64-bit ARM, emulated"):
+# - float32, float16: within 1e-6 on the digits and pronouns bundles (7e-7 on
+#   the Xeon). Bound 4e-6, 4x the 1e-6.
+# - dynamic: float in and out, but it quantizes activations to int8 at run
+#   time, so the host's and ARM's kernels may round a quantized activation
+#   differently: within 1e-6 on the EPYC, 4.33e-6 on the Xeon (digits, both
+#   CPUs; pronouns 6.6e-7). Bounded as a quantized mode, in probability quanta:
+#   one int8 quantum of a probability (1/256; int8 itself may be 24 off) and
+#   the top-1 the same on 99 % of samples, as for int8.
 # - int16x8 (digits): bit-identical. No margin: XNNPACK has no int16 kernels,
 #   so both machines run TFLite's builtin integer kernels, integer arithmetic
 #   that no CPU rounds differently; a difference is a bug, not rounding.
@@ -62,6 +68,7 @@ class RawBound:
 #   is bounded, never required identical.
 RAW_BOUNDS = {
     "float": RawBound(max_share_different=1.0, max_abs=4e-6, min_top1_same=1.0),
+    "dynamic": RawBound(max_share_different=1.0, max_abs=1 / 256, min_top1_same=0.99),
     "int16x8": RawBound(max_share_different=0.0, max_abs=0, min_top1_same=1.0),
     "int8": RawBound(max_share_different=0.01, max_abs=24, min_top1_same=0.99),
 }
