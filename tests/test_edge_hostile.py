@@ -46,7 +46,7 @@ def edge(*argv) -> tuple[int, str, str]:
     return run_main(main, [*argv, "--runtime", "litert"] if "--runtime" not in argv else list(argv))
 
 
-def edge_process(*argv, python=None) -> subprocess.CompletedProcess:
+def edge_process(*argv, python=None, preexec_fn=None) -> subprocess.CompletedProcess:
     """The app in a child process (a crash there must not be this test's crash)."""
     python = python or sys.executable
     return subprocess.run(
@@ -57,6 +57,7 @@ def edge_process(*argv, python=None) -> subprocess.CompletedProcess:
         errors="replace",
         timeout=300,
         check=False,
+        preexec_fn=preexec_fn,
     )
 
 
@@ -332,16 +333,7 @@ def _edge_in_512_mb(*argv) -> subprocess.CompletedProcess:
         resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
-    return subprocess.run(
-        [sys.executable, "-m", "edge_demo", *map(str, argv)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=300,
-        check=False,
-        preexec_fn=limit,
-    )
+    return edge_process(*argv, preexec_fn=limit)
 
 
 def _zeros_member(archive: zipfile.ZipFile, name: str, header_shape, dtype: str, mib: int) -> None:
