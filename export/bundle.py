@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from keras_mha_edge.contract import attention
 from keras_mha_edge.contract.attention import AttentionReference
-from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle
+from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle, texts_json
 from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from keras_mha_edge.contract.files import building, check_writable, sha256_file
 from keras_mha_edge.contract.manifest import MODES, Manifest
@@ -132,6 +132,13 @@ def _add_attention_reference(staging: pathlib.Path, loaded) -> AttentionReferenc
     return AttentionReference(ref.file, ref.sha256, int(x.shape[0]), len(weights))
 
 
+def _has_encoder_blocks(model) -> bool:
+    """Whether `keras_mha.model.attention_model` can read the model's attention weights."""
+    from keras_mha.layers import TransformerEncoderBlock
+
+    return any(isinstance(layer, TransformerEncoderBlock) for layer in model.layers)
+
+
 def export_bundle(
     source: str | os.PathLike | SourcePaths,
     out: str | os.PathLike | None = None,
@@ -186,11 +193,15 @@ def export_bundle(
     loaded = load_source(source, tuple(import_modules))
     dataset = dataset or loaded.dataset
     spec = loaded.model.inputs[0]
+    what = (
+        f"{loaded.num_classes}-dimensional embeddings"
+        if loaded.embedding
+        else f"{loaded.num_classes} classes"
+    )
     log(
         f"{loaded.files['model']}: input (1, {', '.join(str(d) for d in spec.shape[1:])}), "
-        f"{loaded.num_classes} classes; {len(loaded.eval.x)} eval / "
-        f"{len(loaded.calibration)} calibration samples; "
-        f"float accuracy {loaded.eval.float_accuracy:.4f}"
+        f"{what}; {len(loaded.eval.x)} eval / {len(loaded.calibration)} calibration samples"
+        + ("" if loaded.embedding else f"; float accuracy {loaded.eval.float_accuracy:.4f}")
     )
     if len(loaded.calibration) < 200:
         log(f"  note: only {len(loaded.calibration)} calibration samples (docs ask for >= 200)")
@@ -200,20 +211,34 @@ def export_bundle(
 
     with building(out) as staging:
         eval_ref = add_file(staging, "eval.npz", loaded.files["eval"].read_bytes())
-        labels_ref = add_file(staging, "labels.json", labels_json(loaded.labels))
+        labels_ref = texts_ref = tokenizer_ref = attention_ref = None
+        if loaded.embedding:
+            texts_ref = add_file(staging, "texts.json", texts_json(loaded.texts))
+            tokenizer_ref = add_file(staging, "tokenizer.json", loaded.tokenizer_bytes)
+        else:
+            labels_ref = add_file(staging, "labels.json", labels_json(loaded.labels))
         vocab_ref = None
         if loaded.vocab is not None:
             loaded.vocab.save(staging / "vocab.json")
             vocab_ref = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
-        attention_ref = _add_attention_reference(staging, loaded)
+        view = not loaded.embedding and _has_encoder_blocks(loaded.model)
+        if view:
+            attention_ref = _add_attention_reference(staging, loaded)
+        elif not loaded.embedding:
+            log(
+                "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
+                "no attention signature (the device's --view and attention parity need one)"
+            )
         entries: dict[str, ModelEntry] = {}
         problems: dict[str, list[str]] = {}
         failed: dict[str, ModeFailure] = {}
         with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
             saved_model = pathlib.Path(scratch) / "saved_model"
             write_saved_model(loaded.model, saved_model)
-            view_model = pathlib.Path(scratch) / "attention_saved_model"
-            write_attention_saved_model(loaded.model, view_model)
+            view_model = None
+            if view:
+                view_model = pathlib.Path(scratch) / "attention_saved_model"
+                write_attention_saved_model(loaded.model, view_model)
             for mode in selected:
                 entry, found = convert_mode(
                     saved_model,
@@ -222,6 +247,8 @@ def export_bundle(
                     staging,
                     view_model,
                     eval_samples=int(loaded.eval.x.shape[0]),
+                    task=loaded.task,
+                    sequence_length=int(loaded.eval.x.shape[1]) if loaded.embedding else None,
                 )
                 if entry is None:
                     failed[mode] = ModeFailure("convert", tuple(found))
@@ -238,9 +265,13 @@ def export_bundle(
                     x_shape=tuple(int(d) for d in loaded.eval.x.shape),
                     x_dtype=loaded.eval.x.dtype.name,
                     num_classes=loaded.num_classes,
-                    float_accuracy=loaded.eval.float_accuracy,
+                    float_accuracy=None if loaded.embedding else loaded.eval.float_accuracy,
+                    task=loaded.task,
                 ),
                 labels=labels_ref,
+                texts=texts_ref,
+                tokenizer=tokenizer_ref,
+                max_length=loaded.max_length,
                 vocab=vocab_ref,
                 models=models,
                 created_by=_versions(),
@@ -259,7 +290,10 @@ def export_bundle(
 
         kept: dict[str, ModelEntry] = {}
         if entries:
-            entries = add_devices(staging, entries, loaded.eval.x, manifest, log)  # + manifest
+            if loaded.embedding:  # no deploy file: TFLM needs fixed shapes (docs/pretrained.md)
+                manifest(entries).write(staging)
+            else:
+                entries = add_devices(staging, entries, loaded.eval.x, manifest, log)
             runtime = verification_runtime()
             results = verify_staged(staging, runtime)
             for mode, entry in entries.items():

@@ -34,6 +34,8 @@ def convert_mode(
     attention_saved_model: pathlib.Path | None = None,
     *,
     eval_samples: int,
+    task: str = "classification",
+    sequence_length: int | None = None,
 ) -> tuple[ModelEntry | None, list[str]]:
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
 
@@ -43,11 +45,16 @@ def convert_mode(
     With `attention_saved_model` the model also has the attention signature
     (`convert.VIEW_SIGNATURE`), described in the entry's `signatures` and
     `attention`, and its subgraph is checked like the classifier's.
+    A model whose input is token ids with a dynamic sequence axis (an
+    embedding model) is described at `sequence_length` (eval.npz's width)
+    with `dynamic_length`: the device resizes it to each sentence's length.
+
     The entry is None when the converter cannot produce the mode.
     """
     from .convert import ConversionError, attention_signature, convert
     from .graph import (
         check_graph,
+        dynamic_length,
         op_histogram,
         read_graph,
         tflite_runtime_214_can_load,
@@ -86,14 +93,19 @@ def convert_mode(
         )
 
     weights = weight_dtypes(graph)
+    dynamic = dynamic_length(graph)
+    model_input = spec(graph.inputs[0])
+    if dynamic:
+        model_input = dataclasses.replace(model_input, shape=(1, int(sequence_length)))
     entry = ModelEntry(
         mode=mode,
         file=ref.file,
         sha256=ref.sha256,
         bytes=len(model),
-        input=spec(graph.inputs[0]),
+        input=model_input,
         output=spec(graph.outputs[0]),
-        thresholds=default_thresholds(mode, eval_samples),
+        thresholds=default_thresholds(mode, eval_samples, task),
+        dynamic_length=dynamic,
         runtimes={"tflite-runtime": tflite_runtime_214_can_load(graph)},
         ops=op_histogram(graph),
         signatures=signatures,

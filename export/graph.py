@@ -196,12 +196,21 @@ def _float_tensors_of_compute_ops(graph: GraphInfo) -> list[str]:
     return found
 
 
+def dynamic_length(graph: GraphInfo) -> bool:
+    """Whether the model's one input is token ids `[1, -1]`: a dynamic sequence axis."""
+    if len(graph.inputs) != 1:
+        return False
+    signature = graph.tensor(graph.inputs[0]).shape_signature
+    return signature is not None and len(signature) == 2 and signature[0] == 1 and signature[1] < 0
+
+
 def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
     """Problems found per check; every list empty means the graph is fine.
 
     Checks: `builtin_only` (no custom or Flex ops: a plain runtime has no
     kernels for them), `batch_one` (inputs and outputs have a fixed batch of
-    1 and no dynamic dimension), `single_subgraph` (one subgraph per
+    1 and no dynamic dimension but an embedding model's sequence axis,
+    `dynamic_length`), `single_subgraph` (one subgraph per
     signature: the classifier's, and the attention `view`), and for `int8` (and
     `int16x8`) `fully_integer`: model input/output int8 (int16; int32 token
     ids as input) and no float tensor read or written by any op other than
@@ -217,10 +226,13 @@ def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
         problems["single_subgraph"].append(
             f"{graph.num_subgraphs} subgraphs for {len(graph.signatures)} signature(s)"
         )
+    dynamic = dynamic_length(graph)
     for kind, indices in (("input", graph.inputs), ("output", graph.outputs)):
         for index in indices:
             tensor = graph.tensor(index)
             dims = tensor.shape_signature or tensor.shape
+            if dynamic and kind == "input":
+                dims = dims[:1]  # [1, -1]: resized to each sentence's length on the device
             if not tensor.shape or tensor.shape[0] != 1 or any(d < 0 for d in dims):
                 problems["batch_one"].append(
                     f"{kind} {tensor.name} has shape {list(dims)}, expected [1, ...] with fixed dims"

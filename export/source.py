@@ -58,6 +58,15 @@ class Source:
     labels: list[str]
     vocab: Vocab | None
     dataset: str | None
+    # An embedding run (keras_mha.rundir.embedding): its sentences and tokenizer.
+    task: str = "classification"
+    texts: tuple[str, ...] = ()
+    tokenizer_bytes: bytes | None = None
+    max_length: int | None = None
+
+    @property
+    def embedding(self) -> bool:
+        return self.task == "embedding"
 
     @property
     def num_classes(self) -> int:
@@ -68,6 +77,7 @@ def run_files(run_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     """The files of a run directory an export reads (for the target checks)."""
     names = {"model": "model.keras", "eval": "eval.npz", "calibration": "calibration.npz"}
     names.update(labels="labels.json", vocab="vocab.json", metrics="metrics.json")
+    names.update(texts="texts.json", tokenizer="tokenizer.json")
     return {role: run_dir / name for role, name in names.items()}
 
 
@@ -158,7 +168,10 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
 
     import_tensorflow()
     from keras_mha.rundir import read_run
+    from keras_mha.rundir.embedding import task_of
 
+    if task_of(run_dir) == "embedding":
+        return _load_embedding_run(run_dir)
     run = read_run(run_dir)  # UsageError, one line, for any file that is not right
     with captured_output():
         model = run.load_model()
@@ -177,6 +190,30 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
         labels=list(run.labels),
         vocab=vocab,
         dataset=run.dataset,
+    )
+
+
+def _load_embedding_run(run_dir: pathlib.Path) -> Source:
+    """An embedding run (keras-mha-import), through `keras_mha.rundir.embedding`."""
+    from keras_mha.quiet import captured_output
+    from keras_mha.rundir.embedding import read_embedding_run
+
+    run = read_embedding_run(run_dir)
+    with captured_output():
+        model = run.load_model()
+    check_model_io(model, run.model_file, run.eval.num_classes)
+    return Source(
+        files={k: v for k, v in run_files(run_dir).items() if v.exists()},
+        model=model,
+        calibration=run.calibration,
+        eval=run.eval,
+        labels=[],
+        vocab=None,
+        dataset=run.dataset,
+        task="embedding",
+        texts=run.texts,
+        tokenizer_bytes=(run_dir / "tokenizer.json").read_bytes(),
+        max_length=run.max_length,
     )
 
 

@@ -15,6 +15,12 @@ def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
     if entry.parity is None:
         return f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  {status}"
     figures = entry.parity
+    if not math.isnan(figures.mean_cosine):  # an embedding model
+        return (
+            f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
+            f"cosine min {figures.min_cosine:.6f} mean {figures.mean_cosine:.6f}  "
+            f"top-1 {figures.top1:.3f} top-5 {figures.top5:.3f}  {status}"
+        )
     attention = ""
     if entry.attention is not None and entry.attention.parity is not None:
         a = entry.attention.parity
@@ -60,7 +66,9 @@ def summary_table(manifest: Manifest) -> str:
                 f"{entry.bytes / float32_bytes:.2f}x" if float32_bytes else "-",
                 str(ops),
                 f"{figures.agreement:.4f}",
-                f"{figures.accuracy:.4f}",
+                f"{figures.accuracy:.4f}"
+                if not math.isnan(figures.accuracy)
+                else f"cos {figures.min_cosine:.4f}",
                 f"{figures.max_abs_diff:.2g}",
                 *_attention_cells(entry),
                 "yes" if mode in manifest.verified else "NO",

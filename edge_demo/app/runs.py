@@ -69,9 +69,14 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
 def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
     m = bundle.manifest
     info = runtime.info()
+    what = (
+        f"{m.eval.num_classes}-dimensional sentence embeddings, up to {m.max_length} word pieces"
+        if m.eval.embedding
+        else f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f}"
+    )
     return (
         f"bundle   {safe(bundle.root)} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
-        f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f})\n"
+        f"{what})\n"
         f"runtime  {info['name']} {info['version']} ({info['module']}), numpy {info['numpy']}, "
         f"Python {info['python']} {info['machine']}; threads {options.threads}, repeat {options.repeat}"
     )
@@ -84,7 +89,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         for mode, skipped in plan.items()
     ]
     print()
-    print(parity_table(results, wide=options.wide))
+    print(parity_table(results, wide=options.wide, embedding=bundle.embedding))
     ran = [r for r in results if r.status != "skipped"]
     failed = [r.mode for r in ran if not r.passed]
     skipped = len(results) - len(ran)

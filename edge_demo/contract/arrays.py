@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import os
 import struct
 import zipfile
@@ -50,8 +51,9 @@ class EvalData:
     """`eval.npz`: inputs, labels and the float Keras model's softmax (the reference)."""
 
     x: np.ndarray  # (N, ...) model inputs
-    y: np.ndarray  # (N,) int64 labels
-    probs: np.ndarray  # (N, C) float32
+    y: np.ndarray  # (N,) int64 labels (an embedding model: each one's float nearest neighbour)
+    probs: np.ndarray  # (N, C) float32 (an embedding model: the float unit vectors (N, d))
+    task: str = "classification"
 
     @property
     def num_classes(self) -> int:
@@ -59,7 +61,9 @@ class EvalData:
 
     @property
     def float_accuracy(self) -> float:
-        """Accuracy of the reference `probs` against `y`."""
+        """Accuracy of the reference `probs` against `y` (NaN for an embedding model)."""
+        if self.task == "embedding":
+            return math.nan
         return float((self.probs.argmax(-1) == self.y).mean())
 
 
@@ -267,6 +271,40 @@ def check_probabilities(probs: np.ndarray, where: str | os.PathLike, name: str =
             f"{name} rows must sum to 1 (softmax outputs); row {worst} sums to {sums[worst]:.6g}",
             where,
         )
+
+
+UNIT_NORM_TOLERANCE = 1e-3
+
+
+def check_embedding_eval(x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike) -> EvalData:
+    """An embedding model's `eval.npz`: token ids `x (N, T)` (0-padded, each row at
+    least one token) and the float model's unit vectors `embeddings (N, d)`."""
+    check_inputs(x, where, "x")
+    n = x.shape[0]
+    if x.ndim != 2 or x.dtype.kind not in "iu":
+        raise UsageError(f"x must be integer token ids of shape [N, T], got {_describe(x)}", where)
+    if n < 2:
+        raise UsageError(f"x has {n} sentence(s); nearest neighbours need at least 2", where)
+    if x.shape[1] < 1:
+        raise UsageError("x has no token positions (shape [N, 0])", where)
+    if int(x.min()) < 0 or not (x != 0).any(1).all():
+        raise UsageError("x must hold ids >= 0 with at least one token (non-zero) per row", where)
+    if vectors.ndim != 2 or vectors.shape[0] != n or vectors.dtype.kind != "f":
+        raise UsageError(
+            f"embeddings must be float of shape [{n}, d], got {_describe(vectors)}", where
+        )
+    check_inputs(vectors, where, "embeddings")
+    norms = np.linalg.norm(vectors.astype(np.float64), axis=1)
+    worst = int(np.argmax(np.abs(norms - 1)))
+    if abs(norms[worst] - 1) > UNIT_NORM_TOLERANCE:
+        raise UsageError(
+            f"embeddings must have unit norm; row {worst} has norm {norms[worst]:.6g}", where
+        )
+    from .parity import nearest
+
+    return EvalData(
+        x, nearest(vectors)[:, 0].astype(np.int64), vectors.astype(np.float32), "embedding"
+    )
 
 
 def check_eval(

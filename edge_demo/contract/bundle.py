@@ -28,6 +28,7 @@ from .arrays import (
     BUNDLE_MEMBER_BYTES,
     NPY_HEADER_BYTES,
     EvalData,
+    check_embedding_eval,
     check_eval,
     read_npz,
 )
@@ -38,9 +39,11 @@ from .files import inside, read_inside, sha256_bytes, tflite_problem, write_byte
 from .flatbuffer import index_problem
 from .manifest import MANIFEST, MODES, Manifest, ordered
 from .vocab import MAX_VOCAB_BYTES, Vocab
+from .wordpiece import MAX_TOKENIZER_BYTES, WordPiece
 
 MAX_LABELS_BYTES = 4 * 1024 * 1024
 MAX_LABEL = 200  # characters of one class name
+MAX_TEXT = 2000  # characters of one eval sentence (texts.json)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,11 +54,18 @@ class Bundle:
     manifest: Manifest
     modes: tuple[str, ...]
     eval: EvalData
-    labels: tuple[str, ...]
+    labels: tuple[str, ...]  # class names (an embedding model: none)
     vocab: Vocab | None
     model_bytes: dict[str, bytes]
     # The float model's attention weights `(samples, h, T, S)` per layer (attention.npz).
     attention: list[np.ndarray] | None = None
+    # An embedding model: the eval sentences (texts.json) and its tokenizer.
+    texts: tuple[str, ...] = ()
+    tokenizer: WordPiece | None = None
+
+    @property
+    def embedding(self) -> bool:
+        return self.manifest.eval.embedding
 
     def path(self, name: str) -> pathlib.Path:
         """A file of the bundle, as messages name it."""
@@ -109,16 +119,18 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
     run's `text`, `cue`, `nouns`: the export copies the run's file), so its
     size is bounded by the archive budget, not by the three arrays'."""
     path = root / spec.file
+    output = "embeddings" if spec.embedding else "probs"
     sizes = {
         "x": math.prod(spec.x_shape) * _itemsize(spec.x_dtype),
-        "y": spec.samples * 8,
-        "probs": spec.samples * spec.num_classes * 8,
+        output: spec.samples * spec.num_classes * 8,
     }
+    if not spec.embedding:
+        sizes["y"] = spec.samples * 8
     limits = {k: min(v + NPY_HEADER_BYTES, BUNDLE_MEMBER_BYTES) for k, v in sizes.items()}
     data = read_inside(root, spec.file, spec.sha256, max_bytes=BUNDLE_ARCHIVE_BYTES)
     arrays = read_npz(
         io.BytesIO(data),
-        ("x", "y", "probs"),
+        tuple(sizes),
         where=path,
         max_member_bytes=limits,
         max_total_bytes=BUNDLE_ARCHIVE_BYTES,
@@ -131,13 +143,15 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
         )
     if x.dtype.name != spec.x_dtype:
         raise UsageError(f"x has dtype {x.dtype.name}, manifest.json says {spec.x_dtype}", path)
-    probs = arrays["probs"]
+    probs = arrays[output]
     if probs.ndim != 2 or probs.shape[1:] != (spec.num_classes,):
         raise UsageError(
-            f"probs must be float of shape [{spec.samples}, {spec.num_classes}], "
+            f"{output} must be float of shape [{spec.samples}, {spec.num_classes}], "
             f"got {probs.dtype.name} {list(probs.shape)}",
             path,
         )
+    if spec.embedding:
+        return check_embedding_eval(x, probs, path)
     return check_eval(x, arrays["y"], probs, path)
 
 
@@ -170,6 +184,24 @@ def parse_labels(data: bytes, num_classes: int, where: str | os.PathLike) -> tup
                 where,
             )
     return tuple(labels)
+
+
+def texts_json(texts: list[str] | tuple[str, ...]) -> bytes:
+    """`texts.json`'s bytes: the eval sentences, one per sample."""
+    return (json.dumps(list(texts), ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def parse_texts(data: bytes, samples: int, where: str | os.PathLike) -> tuple[str, ...]:
+    """`texts.json`: one printable sentence per eval sample, at most `MAX_TEXT` characters."""
+    texts = parse_json(data, where)
+    if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
+        raise UsageError("expected a JSON list of sentences", where)
+    if len(texts) != samples:
+        raise UsageError(f"has {len(texts)} sentences, manifest.json says {samples}", where)
+    for i, text in enumerate(texts):
+        if len(text) > MAX_TEXT or safe(text) != text:
+            raise UsageError(f"sentence {i} must be at most {MAX_TEXT} printable characters", where)
+    return tuple(texts)
 
 
 def check_text_inputs(vocab: Vocab, x: np.ndarray, where: str | os.PathLike) -> None:
@@ -216,11 +248,17 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
             f"has {len(evaluation.x)} samples, manifest.json says {manifest.eval.samples}",
             root / manifest.eval.file,
         )
-    labels = parse_labels(
-        read_inside(root, manifest.labels.file, manifest.labels.sha256, max_bytes=MAX_LABELS_BYTES),
-        manifest.eval.num_classes,
-        root / manifest.labels.file,
-    )
+    labels, texts, tokenizer = (), (), None
+    if manifest.labels is not None:
+        labels = parse_labels(
+            read_inside(
+                root, manifest.labels.file, manifest.labels.sha256, max_bytes=MAX_LABELS_BYTES
+            ),
+            manifest.eval.num_classes,
+            root / manifest.labels.file,
+        )
+    if manifest.tokenizer is not None:
+        texts, tokenizer = _load_text_side(root, manifest, evaluation)
     vocab = None
     if manifest.vocab is not None:
         vocab = _load_vocab(root, manifest.vocab, evaluation)
@@ -231,7 +269,32 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
             root, ref, manifest.eval.samples, _layer_values(manifest, modes, ref.samples)
         )
         check_attention_shapes(manifest, modes, attention, root / ref.file)
-    return Bundle(root, manifest, modes, evaluation, labels, vocab, model_bytes, attention)
+    return Bundle(
+        root, manifest, modes, evaluation, labels, vocab, model_bytes, attention, texts, tokenizer
+    )
+
+
+def _load_text_side(
+    root: pathlib.Path, manifest: Manifest, evaluation: EvalData
+) -> tuple[tuple[str, ...], WordPiece]:
+    """An embedding bundle's texts.json and tokenizer.json, checked against eval.npz."""
+    ref = manifest.texts
+    texts = parse_texts(
+        read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
+        manifest.eval.samples,
+        root / ref.file,
+    )
+    ref = manifest.tokenizer
+    where = root / ref.file
+    data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
+    tokenizer = WordPiece.from_bytes(data, manifest.max_length, where)
+    top = int(evaluation.x.max())
+    if top >= tokenizer.vocab_size:
+        raise UsageError(
+            f"eval.npz uses token id {top} but the tokenizer has {tokenizer.vocab_size} tokens",
+            where,
+        )
+    return texts, tokenizer
 
 
 def _layer_values(manifest: Manifest, modes: tuple[str, ...], samples: int) -> int:

@@ -22,18 +22,31 @@ from .tensors import TensorSpec
 
 @dataclasses.dataclass(frozen=True)
 class EvalSpec:
-    """The manifest's `eval` entry: eval.npz and what its arrays must be."""
+    """The manifest's `eval` entry: eval.npz and what its arrays must be.
+
+    `task` is "classification" (probabilities over `num_classes` classes) or
+    "embedding" (unit sentence vectors of `num_classes` dimensions; no labels,
+    so `float_accuracy` is None).
+    """
 
     file: str
     sha256: str
     samples: int
     x_shape: tuple[int, ...]
     x_dtype: str
-    num_classes: int
-    float_accuracy: float
+    num_classes: int  # classes, or an embedding's dimensions
+    float_accuracy: float | None
+    task: str = "classification"
+
+    @property
+    def embedding(self) -> bool:
+        return self.task == "embedding"
 
     def to_json(self) -> dict:
-        return {**dataclasses.asdict(self), "x_shape": list(self.x_shape)}
+        data = {**dataclasses.asdict(self), "x_shape": list(self.x_shape)}
+        if self.task == "classification":
+            del data["task"]  # format 1 as it was
+        return data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +115,7 @@ class ModelEntry:
     sha256: str
     bytes: int
     input: TensorSpec
-    output: TensorSpec  # the class probabilities
+    output: TensorSpec  # the class probabilities (an embedding model: the vector)
     thresholds: Thresholds
     runtimes: dict[str, bool] = dataclasses.field(default_factory=dict)  # name -> can load it
     verified: bool | None = None
@@ -120,6 +133,9 @@ class ModelEntry:
     convert_seconds: float | None = None
     size_vs_float32: float | None = None
     note: str | None = None
+    # The input's sequence axis is dynamic: `input.shape` is the longest
+    # (eval.x_shape) and the device resizes it to each sentence's own length.
+    dynamic_length: bool = False
 
     @property
     def op_count(self) -> int:
@@ -153,6 +169,8 @@ class ModelEntry:
         for name in ("verified_with", "convert_seconds", "size_vs_float32", "note"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
+        if self.dynamic_length:
+            data["dynamic_length"] = True
         return data
 
     @classmethod
@@ -175,6 +193,11 @@ class ModelEntry:
                 prefix + "output.shape",
                 f"must be [1, {evaluation.num_classes}] (batch 1, eval.num_classes), "
                 f"got {list(out.shape)}",
+            )
+        dynamic_length = fields.optional(entry, "dynamic_length", bool, prefix) or False
+        if dynamic_length and len(inp.shape) != 2:
+            raise fields.fail(
+                prefix + "dynamic_length", "needs an input of shape [1, T] (token ids)"
             )
         runtimes = entry.get("runtimes") or {}
         if not isinstance(runtimes, dict) or not all(
@@ -227,6 +250,7 @@ class ModelEntry:
             if entry.get("deploy") is None
             else DeployFile.from_json(fields, entry, "deploy", prefix),
             micro=micro_json(entry.get("micro")),
+            dynamic_length=dynamic_length,
             **_report_fields(entry),
         )
 

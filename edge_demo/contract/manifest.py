@@ -38,6 +38,10 @@ MAX_MODES = 32
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # an exporter's manifest is ~20 KB
 MAX_SAMPLES = 1_000_000
 MAX_CLASSES = 100_000
+TASKS = ("classification", "embedding")
+# Nearest neighbours compare every pair of eval sentences (N^2 / 2 dot products).
+MAX_EMBEDDING_SAMPLES = 50_000
+MAX_TOKENIZER_LENGTH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +49,7 @@ class Manifest:
     """The whole `manifest.json`."""
 
     eval: EvalSpec
-    labels: FileRef
+    labels: FileRef | None  # a classifier's class names; None for an embedding model
     vocab: FileRef | None
     models: dict[str, ModelEntry]
     format_version: int = FORMAT_VERSION
@@ -57,6 +61,11 @@ class Manifest:
     failed: dict[str, ModeFailure] = dataclasses.field(default_factory=dict)
     export_seconds: float | None = None
     attention: AttentionReference | None = None  # the float model's attention weights
+    # An embedding model's text side: the eval sentences (texts.json, one per
+    # sample) and the checkpoint's tokenizer.json with the longest input.
+    texts: FileRef | None = None
+    tokenizer: FileRef | None = None
+    max_length: int | None = None
 
     @property
     def verified(self) -> list[str]:
@@ -74,14 +83,23 @@ class Manifest:
             "created_at": self.created_at,
             "source_model": source,
             "eval": self.eval.to_json(),
-            "labels": self.labels.to_json(),
+            "labels": None if self.labels is None else self.labels.to_json(),
             "vocab": None if self.vocab is None else self.vocab.to_json(),
+            **self._text_json(),
             "attention": None if self.attention is None else self.attention.to_json(),
             "verified": self.verified,
             "models": {mode: self.models[mode].to_json() for mode in ordered(self.models)},
             "requested": list(self.requested),
             "failed": {mode: f.to_json() for mode, f in self.failed.items()},
             "export_seconds": self.export_seconds,
+        }
+
+    def _text_json(self) -> dict:
+        if self.tokenizer is None:
+            return {}
+        return {
+            "texts": self.texts.to_json(),
+            "tokenizer": {**self.tokenizer.to_json(), "max_length": self.max_length},
         }
 
     def write(self, root: str | os.PathLike) -> pathlib.Path:
@@ -136,6 +154,10 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         )
     ev = fields.obj(data, "eval")
     x_shape = fields.shape(ev, "x_shape", "eval.")
+    task = fields.optional(ev, "task", str, "eval.")
+    task = "classification" if task is None else task
+    if task not in TASKS:
+        raise fields.fail("eval.task", f"must be one of {', '.join(TASKS)}, got {safe(task, 40)!r}")
     evaluation = EvalSpec(
         file=fields.filename(ev, "file", "eval."),
         sha256=fields.sha256(ev, "sha256", "eval."),
@@ -143,12 +165,20 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         x_shape=x_shape,
         x_dtype=fields.string(ev, "x_dtype", "eval."),
         num_classes=fields.integer(ev, "num_classes", "eval.", minimum=2, maximum=MAX_CLASSES),
-        float_accuracy=fields.number(ev, "float_accuracy", "eval."),
+        float_accuracy=None
+        if task == "embedding"
+        else fields.number(ev, "float_accuracy", "eval."),
+        task=task,
     )
     if evaluation.x_dtype not in DTYPES:
         raise fields.fail(
             "eval.x_dtype",
             f"must be one of {', '.join(DTYPES)}, got {safe(evaluation.x_dtype, 40)!r}",
+        )
+    if task == "embedding" and evaluation.samples > MAX_EMBEDDING_SAMPLES:
+        raise fields.fail(
+            "eval.samples",
+            f"is {evaluation.samples}; an embedding eval set has at most {MAX_EMBEDDING_SAMPLES}",
         )
     if evaluation.samples * evaluation.num_classes > MAX_ELEMENTS:
         raise fields.fail("eval.num_classes", f"makes probs larger than {MAX_ELEMENTS} values")
@@ -160,7 +190,23 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         raise fields.fail(
             "eval.x_shape", f"must have a sample axis and input axes, got {list(x_shape)}"
         )
-    labels = FileRef.from_json(fields, data, "labels")
+    labels = texts = tokenizer = max_length = None
+    if task == "classification":
+        labels = FileRef.from_json(fields, data, "labels")
+    else:
+        texts = FileRef.from_json(fields, data, "texts")
+        tokenizer = FileRef.from_json(fields, data, "tokenizer")
+        max_length = fields.integer(
+            fields.obj(data, "tokenizer"),
+            "max_length",
+            "tokenizer.",
+            minimum=2,
+            maximum=MAX_TOKENIZER_LENGTH,
+        )
+        if len(x_shape) != 2 or x_shape[1] > max_length:
+            raise fields.fail(
+                "eval.x_shape", f"must be [samples, T] with T <= tokenizer.max_length {max_length}"
+            )
     vocab = None if fields.get(data, "vocab") is None else FileRef.from_json(fields, data, "vocab")
     attention = None
     if data.get("attention") is not None:
@@ -217,6 +263,9 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
             )
             if failure is not None
         },
+        texts=texts,
+        tokenizer=tokenizer,
+        max_length=max_length,
         export_seconds=float(seconds)
         if isinstance(seconds, (int, float))
         and not isinstance(seconds, bool)

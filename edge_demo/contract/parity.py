@@ -1,6 +1,8 @@
 """Parity with the float Keras model, and the one threshold check.
 
-`measure(probs, y, reference)` gives a mode's figures on eval.npz;
+`measure(probs, y, reference)` gives a mode's figures on eval.npz (a
+classifier's probabilities; `task="embedding"`: sentence vectors, see
+`measure_embeddings`);
 `Thresholds.failures(parity, float_accuracy)` says which thresholds it
 misses. Export's verification and the device's run call exactly these, so a
 mode export calls verified passes on the device by construction. A NaN (or
@@ -21,20 +23,35 @@ import numpy as np
 
 from .fields import Fields, lenient_figures
 
+EMBEDDING_FIGURES = ("min_cosine", "mean_cosine", "top1", "top5")
 _EPS = 1e-9  # slack when comparing ratios of sample counts: 351/360 meets 0.975
 
 
 @dataclasses.dataclass(frozen=True)
 class Parity:
-    """A mode against the float Keras model on eval.npz (NaN when unknown)."""
+    """A mode against the float Keras model on eval.npz (NaN when unknown).
+
+    A classifier fills the first four. An embedding model (`task
+    "embedding"`) has no labels: `accuracy` is NaN, `agreement` is its
+    top-1 nearest-neighbour agreement (below), the |Δ| figures are over the
+    vectors' elements, and the cosine and neighbour figures are set.
+    """
 
     accuracy: float
-    agreement: float  # top-1 agreement with eval.npz `probs`
-    max_abs_diff: float  # max |Δprob|
+    agreement: float  # top-1 agreement with eval.npz `probs` (embeddings: = top1)
+    max_abs_diff: float  # max |Δprob| (embeddings: max |Δ| of an element)
     mean_abs_diff: float
+    min_cosine: float = math.nan  # embeddings: cosine of each vector to the float one
+    mean_cosine: float = math.nan
+    top1: float = math.nan  # share of sentences whose nearest other sentence is the float's
+    top5: float = math.nan  # share whose float nearest neighbour is among the mode's 5 nearest
 
     def to_json(self) -> dict:
-        return {k: (v if math.isfinite(v) else None) for k, v in dataclasses.asdict(self).items()}
+        data = {k: (v if math.isfinite(v) else None) for k, v in dataclasses.asdict(self).items()}
+        for name in EMBEDDING_FIGURES:  # a classifier's entry stays as format 1 wrote it
+            if data[name] is None:
+                del data[name]
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> Parity | None:
@@ -45,8 +62,60 @@ class Parity:
         return cls(*(math.nan if v is None else float(v) for v in values))
 
 
-def measure(probs: np.ndarray, y: np.ndarray, reference: np.ndarray) -> Parity:
+def nearest(vectors: np.ndarray, k: int = 1, block: int = 1024) -> np.ndarray:
+    """Each row's `k` nearest other rows by cosine, nearest first: (N, k) indices.
+
+    Ties break by index (a stable sort), so equal inputs give equal answers.
+    Computed `block` rows at a time: memory grows with N, not N^2."""
+    v = np.asarray(vectors, np.float64)
+    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+    n = len(v)
+    out = np.empty((n, min(k, max(n - 1, 0))), np.int64)
+    for start in range(0, n, block):
+        similarity = v[start : start + block] @ v.T
+        rows = np.arange(similarity.shape[0])
+        similarity[rows, rows + start] = -np.inf  # a sentence is not its own neighbour
+        out[start : start + block] = np.argsort(-similarity, axis=1, kind="stable")[
+            :, : out.shape[1]
+        ]
+    return out
+
+
+def measure_embeddings(vectors: np.ndarray, reference: np.ndarray) -> Parity:
+    """Figures of a mode's sentence vectors `(N, d)` against the float model's.
+
+    Cosine per sentence; top-1: the mode's nearest other eval sentence is the
+    float model's; top-5: the float model's nearest is among the mode's five
+    nearest (a search showing five results still shows it).
+    """
+    vectors = np.asarray(vectors, np.float64)
+    reference = np.asarray(reference, np.float64)
+    if not np.isfinite(vectors).all():
+        return Parity(math.nan, math.nan, math.nan, math.nan)
+    norms = np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)
+    cosine = (vectors * reference).sum(1) / np.maximum(norms, 1e-12)
+    k = min(5, len(vectors) - 1)
+    ours, theirs = nearest(vectors, k), nearest(reference, 1)[:, 0]
+    top1 = float((ours[:, 0] == theirs).mean()) if k else math.nan
+    diff = np.abs(vectors - reference)
+    return Parity(
+        accuracy=math.nan,
+        agreement=top1,
+        max_abs_diff=float(diff.max()),
+        mean_abs_diff=float(diff.mean()),
+        min_cosine=float(cosine.min()),
+        mean_cosine=float(cosine.mean()),
+        top1=top1,
+        top5=float((ours == theirs[:, None]).any(1).mean()) if k else math.nan,
+    )
+
+
+def measure(
+    probs: np.ndarray, y: np.ndarray, reference: np.ndarray, task: str = "classification"
+) -> Parity:
     """Figures of `probs (N, C)` against labels `y (N,)` and the float model's `reference`."""
+    if task == "embedding":
+        return measure_embeddings(probs, reference)
     probs = np.asarray(probs, np.float64)
     if not np.isfinite(probs).all():
         return Parity(math.nan, math.nan, math.nan, math.nan)
@@ -70,6 +139,9 @@ class Thresholds:
     max_abs_diff: float | None = None
     min_agreement: float | None = None
     max_accuracy_drop: float | None = None
+    min_cosine: float | None = None  # embeddings (`measure_embeddings`)
+    min_mean_cosine: float | None = None
+    min_top5: float | None = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -92,6 +164,14 @@ class Thresholds:
                     f"accuracy {parity.accuracy:.4f} is {drop:.4f} below the float "
                     f"{float_accuracy:.4f} (> {self.max_accuracy_drop:.4f})"
                 )
+        for name, value, label in (
+            ("min_cosine", parity.min_cosine, "min cosine"),
+            ("min_mean_cosine", parity.mean_cosine, "mean cosine"),
+            ("min_top5", parity.top5, "top-5 neighbour agreement"),
+        ):
+            bound = getattr(self, name)
+            if bound is not None and not value >= bound - _EPS:
+                found.append(f"{label} {value:.6f} < {bound:.6f}")
         return found
 
     def describe(self) -> str:
@@ -104,6 +184,12 @@ class Thresholds:
             parts.append(f"agree≥{self.min_agreement:.4g}")
         if self.max_accuracy_drop is not None:
             parts.append(f"drop≤{self.max_accuracy_drop:.4g}")
+        if self.min_cosine is not None:
+            parts.append(f"cos≥{self.min_cosine:.6g}")
+        if self.min_mean_cosine is not None:
+            parts.append(f"mean cos≥{self.min_mean_cosine:.6g}")
+        if self.min_top5 is not None:
+            parts.append(f"top5≥{self.min_top5:.4g}")
         return ", ".join(parts)
 
 
@@ -166,8 +252,40 @@ def quantized_thresholds(samples: int) -> Thresholds:
     )
 
 
-def default_thresholds(mode: str, samples: int) -> Thresholds:
+# An embedding model has no labels; what a user of a sentence encoder notices
+# is search results changing (docs/artifacts.md, "Embeddings"):
+# - float32 and float16 are bounded elementwise like probabilities (the
+#   vectors have unit norm, so an element is at most 1 as a probability is);
+# - every mode keeps each vector's direction: cosine >= 0.98 for every
+#   sentence and >= 0.995 on average (a similarity printed to two decimals
+#   moves by about one unit in its last digit);
+# - search results: the float model's nearest sentence must stay among the
+#   mode's five nearest for all but `changes_allowed(samples)` sentences, the
+#   1 % rule of the classifiers applied to "the right answer left the first
+#   page". Top-1 agreement is reported, not bounded: among paraphrases the
+#   nearest and the second nearest are often within 0.01 of each other, a
+#   swap a user cannot tell from the float model's own choice.
+EMBEDDING_MIN_COSINE = 0.98
+EMBEDDING_MIN_MEAN_COSINE = 0.995
+
+
+def embedding_thresholds(mode: str, samples: int) -> Thresholds:
+    """The thresholds export writes for an embedding model's `mode` on `samples` sentences."""
+    if mode not in FLOAT_THRESHOLDS and mode not in QUANTIZED_MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    allowed = changes_allowed(samples)
+    return Thresholds(
+        max_abs_diff=FLOAT_THRESHOLDS[mode].max_abs_diff if mode in FLOAT_THRESHOLDS else None,
+        min_cosine=EMBEDDING_MIN_COSINE,
+        min_mean_cosine=EMBEDDING_MIN_MEAN_COSINE,
+        min_top5=(samples - allowed) / samples,
+    )
+
+
+def default_thresholds(mode: str, samples: int, task: str = "classification") -> Thresholds:
     """The thresholds export writes for `mode` verified on `samples` eval samples."""
+    if task == "embedding":
+        return embedding_thresholds(mode, samples)
     if mode in FLOAT_THRESHOLDS:
         return FLOAT_THRESHOLDS[mode]
     if mode in QUANTIZED_MODES:

@@ -89,14 +89,49 @@ class EdgeModel:
             )
         self.input, self.output = self.inputs[0], self.outputs[0]
         self.signatures: dict[str, Signature] = {}  # from check_manifest
+        # A dynamic sequence axis (shape_signature [1, -1]): resized per sample.
+        signature = details[0][0].get("shape_signature")
+        self.dynamic_length = signature is not None and len(signature) == 2 and signature[1] == -1
+        self._length = None  # the length the input is allocated for
 
     def check_manifest(self, entry: ModelEntry) -> None:
         """Raise UsageError if the model's tensors differ from its manifest entry.
 
         Also keeps the entry's `signatures` for `run_signature`.
         """
+        if entry.dynamic_length != self.dynamic_length:
+            raise UsageError(
+                f"input sequence axis is {'dynamic' if self.dynamic_length else 'fixed'}; "
+                f"manifest.json says dynamic_length={entry.dynamic_length}",
+                self.where,
+            )
+        if self.dynamic_length:  # described at the longest length the bundle uses
+            self._resize(entry.input.shape[1])
         manifest_mismatch(self.where, entry, self.inputs, self.outputs)
         self.signatures = dict(entry.signatures)
+
+    def _resize(self, length: int) -> None:
+        """Resize a dynamic input to `(1, length)` and re-plan the arena."""
+        if length == self._length:
+            return
+        interpreter = self.interpreter
+        index = self._indices[0][0]
+        try:
+            interpreter.resize_tensor_input(index, [1, int(length)])
+            interpreter.allocate_tensors()
+        except (RuntimeError, ValueError) as exc:
+            raise InferenceError(f"{self.runtime.name} cannot resize to {length}: {exc}") from None
+        self._length = int(length)
+        self.inputs = (TensorSpec.from_detail(interpreter.get_input_details()[0]),)
+        self.outputs = (TensorSpec.from_detail(interpreter.get_output_details()[0]),)
+        self.input, self.output = self.inputs[0], self.outputs[0]
+
+    @staticmethod
+    def own_lengths(ids: np.ndarray) -> np.ndarray:
+        """Each row's length without its trailing padding (id 0), at least 1."""
+        nonzero = np.asarray(ids) != 0
+        last = nonzero.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
+        return np.where(nonzero.any(1), last, 1)
 
     def run_signature(
         self, name: str, x: np.ndarray, signature: Signature | None = None
@@ -186,14 +221,24 @@ class EdgeModel:
         outputs = np.empty((n, *self.output.shape[1:]), self.output.dtype)
         latencies = np.empty(n * repeat, np.int64)
         clock = time.perf_counter_ns
+        # A dynamic-length model runs each sentence at its own length; the
+        # resize (when the length changes) is timed with the sample.
+        lengths = self.own_lengths(prepared) if self.dynamic_length else None
+        resize = self._resize
         i = 0
         try:
-            set_tensor(in_index, prepared[:1])  # warm-up: the first invoke plans memory
+            first = prepared[:1] if lengths is None else prepared[:1, : lengths[0]]
+            if lengths is not None:
+                resize(int(lengths[0]))
+            set_tensor(in_index, first)  # warm-up: the first invoke plans memory
             invoke()
             for r in range(repeat):
                 for i in range(n):
                     row = prepared[i : i + 1]
                     start = clock()
+                    if lengths is not None:
+                        resize(int(lengths[i]))
+                        row = row[:, : lengths[i]]
                     set_tensor(in_index, row)
                     invoke()
                     out = get_tensor(out_index)

@@ -83,6 +83,13 @@ try:
         }
     interpreter = module.Interpreter(model_content=content, num_threads=1, **kwargs)
     interpreter.allocate_tensors()
+    # A dynamic sequence axis ([1, -1], an embedding model): the sample's length.
+    details = interpreter.get_input_details()
+    signature = list(details[0].get("shape_signature", [])) if len(details) == 1 else []
+    if sample and len(signature) == 2 and signature[1] == -1:
+        width = len(sample) // np.dtype(details[0]["dtype"]).itemsize
+        interpreter.resize_tensor_input(details[0]["index"], [1, max(1, width)])
+        interpreter.allocate_tensors()
     for detail in interpreter.get_input_details():
         interpreter.set_tensor(detail["index"], fill(detail))
     interpreter.invoke()

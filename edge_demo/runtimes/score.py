@@ -37,6 +37,11 @@ class ModeResult:
     agreement: float = math.nan
     max_abs_diff: float = math.nan
     mean_abs_diff: float = math.nan
+    # An embedding model's figures (parity.measure_embeddings).
+    min_cosine: float = math.nan
+    mean_cosine: float = math.nan
+    top1: float = math.nan
+    top5: float = math.nan
     latency_us_p50: float = math.nan
     latency_us_p90: float = math.nan
     latency_us_p99: float = math.nan
@@ -62,7 +67,16 @@ class ModeResult:
 
     @property
     def parity(self) -> Parity:
-        return Parity(self.accuracy, self.agreement, self.max_abs_diff, self.mean_abs_diff)
+        return Parity(
+            self.accuracy,
+            self.agreement,
+            self.max_abs_diff,
+            self.mean_abs_diff,
+            self.min_cosine,
+            self.mean_cosine,
+            self.top1,
+            self.top5,
+        )
 
     @property
     def attention_parity(self) -> AttentionParity:
@@ -166,8 +180,11 @@ def run_mode(
         model.close()
     probs = model.finish(raw)
     peak_mb, increase_mb = memory.peak_mb()
-    parity = measure(probs, evaluation.y, evaluation.probs)
-    failures = entry.thresholds.failures(parity, bundle.manifest.eval.float_accuracy)
+    parity = measure(probs, evaluation.y, evaluation.probs, evaluation.task)
+    float_accuracy = bundle.manifest.eval.float_accuracy
+    failures = entry.thresholds.failures(
+        parity, math.nan if float_accuracy is None else float_accuracy
+    )
     bad = int((~np.isfinite(probs)).sum())
     if bad:
         failures.insert(0, f"{bad} output value(s) are NaN or infinite")
@@ -183,6 +200,10 @@ def run_mode(
         agreement=parity.agreement,
         max_abs_diff=parity.max_abs_diff,
         mean_abs_diff=parity.mean_abs_diff,
+        min_cosine=parity.min_cosine,
+        mean_cosine=parity.mean_cosine,
+        top1=parity.top1,
+        top5=parity.top5,
         latency_us_p50=round(float(p50), 2),
         latency_us_p90=round(float(p90), 2),
         latency_us_p99=round(float(p99), 2),

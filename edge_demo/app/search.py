@@ -1,0 +1,120 @@
+"""An embedding bundle on the device: `--text` (semantic search) and `--embed` (vectors).
+
+`--text "..."` tokenizes the sentence with the bundle's tokenizer.json,
+embeds it in each runnable mode and prints the eval sentences nearest to it
+by cosine (the vectors are unit length, so cosine is a dot product).
+`--embed FILE.txt --out FILE.npy` writes one vector per line of a text file,
+with the first runnable mode (or `--quant MODE`), for comparison with other
+tools.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from ..contract.bundle import Bundle
+from ..contract.files import write_bytes_atomic
+from ..errors import UsageError, safe
+from ..runtimes.model import EdgeModel, InferenceError
+from ..runtimes.policy import runtime_content, runtime_entry
+from ..runtimes.runtime import Runtime
+from ..tables import format_table
+from .options import DemoOptions
+
+TOP = 5
+MAX_LINES = 100_000
+
+
+def _runnable(plan: dict) -> list[str]:
+    return [mode for mode, skipped in plan.items() if skipped is None]
+
+
+def embed(
+    bundle: Bundle, runtime: Runtime, mode: str, ids: np.ndarray, threads: int = 1
+) -> np.ndarray:
+    """Token ids (N, T) -> (N, d) float32 vectors in `mode`, one sentence at a time."""
+    entry = runtime_entry(bundle.manifest.models[mode], runtime)
+    model = EdgeModel(
+        runtime, runtime_content(bundle, mode, runtime), threads, str(bundle.path(entry.file))
+    )
+    try:
+        model.check_manifest(entry)
+        return model.predict(ids)
+    finally:
+        model.close()
+
+
+def _tokenize(bundle: Bundle, texts: list[str], flag: str) -> np.ndarray:
+    try:
+        ids, lengths = bundle.tokenizer.encode(texts)
+    except UsageError as exc:
+        raise UsageError(exc.problem, flag) from None
+    if (lengths <= 2).any():  # [CLS] [SEP] only
+        row = int(np.argmax(lengths <= 2))
+        raise UsageError(f"line {row + 1} has no words to embed", flag)
+    return ids
+
+
+def run_search(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
+    """`--text`: the eval sentences nearest to the text, per runnable mode."""
+    ids = _tokenize(bundle, [options.text], "--text")
+    pieces, _ = bundle.tokenizer.pieces(options.text)
+    print(f'\ntext: "{safe(options.text, 500)}"')
+    print(f"word pieces ({len(pieces)}): {' '.join(safe(p, 40) for p in pieces)}")
+    errors = []
+    for mode in _runnable(plan):
+        try:
+            vector = embed(bundle, runtime, mode, ids, options.threads)[0]
+        except InferenceError as exc:
+            errors.append(f"{mode}: error: {exc}")
+            continue
+        scores = bundle.eval.probs @ vector
+        best = np.argsort(-scores, kind="stable")[:TOP]
+        rows = [[f"{scores[i]:.3f}", safe(bundle.texts[i], 90)] for i in best]
+        print(f"\n{mode}: nearest of the {len(bundle.texts)} eval sentences")
+        print(format_table(["cosine", "sentence"], rows, right={0}))
+    for mode, skipped in plan.items():
+        if skipped is not None:
+            print(f"{mode}: {skipped.status}: {skipped.reason or '; '.join(skipped.failures)}")
+    for note in errors:
+        print(note)
+    return 1 if errors else 0
+
+
+def read_lines(path: pathlib.Path) -> list[str]:
+    """The sentences of a UTF-8 text file, one per non-blank line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read it ({error.strerror or error})", path) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError("is not UTF-8 text", path) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise UsageError("has no sentences (one per line)", path)
+    if len(lines) > MAX_LINES:
+        raise UsageError(f"has {len(lines)} lines; at most {MAX_LINES}", path)
+    return lines
+
+
+def run_embed(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
+    """`--embed FILE.txt --out FILE.npy`: (N, d) float32, written atomically."""
+    lines = read_lines(options.embed)
+    ids = _tokenize(bundle, lines, f"--embed {options.embed}")
+    mode = _runnable(plan)[0]
+    try:
+        vectors = embed(bundle, runtime, mode, ids, options.threads)
+    except InferenceError as exc:
+        print(f"{mode}: error: {exc}")
+        return 1
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, vectors.astype(np.float32), allow_pickle=False)
+    write_bytes_atomic(options.out, buffer.getvalue())
+    print(f"wrote {safe(options.out)}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({mode})")
+    return 0

@@ -1,0 +1,105 @@
+"""WordPiece tokenization from a checkpoint's `tokenizer.json`, for export and the device.
+
+Hugging Face's `tokenizers` library reads the file (the tokenizer the
+checkpoint was trained with: normaliser, pre-tokeniser, WordPiece,
+`[CLS] ... [SEP]`), so the ids are those transformers would give. Sentences
+are truncated to `max_length` ids ([SEP] kept last) and padded with 0,
+BERT's [PAD], which the model masks.
+
+    pieces = WordPiece.load(path, max_length=128)
+    ids, lengths = pieces.encode(["The animal didn't cross the street."])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import numpy as np
+
+from ..errors import UsageError, one_line
+
+MAX_TOKENIZER_BYTES = 32 * 1024 * 1024
+MAX_TEXT_CHARS = 100_000
+
+
+def _library():
+    try:
+        import tokenizers
+    except ImportError:
+        raise UsageError(
+            "needs Hugging Face's tokenizers library; pip install tokenizers "
+            "(edge_demo/requirements.txt)",
+            "tokenizer.json",
+        ) from None
+    return tokenizers
+
+
+@dataclasses.dataclass
+class WordPiece:
+    """A `tokenizers.Tokenizer` with BERT's padding (0) and a length limit."""
+
+    tokenizer: object
+    max_length: int
+    where: str = "tokenizer.json"
+
+    @classmethod
+    def from_bytes(cls, data: bytes, max_length: int, where: str | os.PathLike) -> WordPiece:
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
+            raise UsageError(f"max_length must be an integer >= 2, got {max_length!r}", where)
+        if len(data) > MAX_TOKENIZER_BYTES:
+            raise UsageError(f"is {len(data)} bytes; at most {MAX_TOKENIZER_BYTES}", where)
+        tokenizers = _library()
+        try:
+            tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as error:  # the library raises plain Exception for a bad file
+            raise UsageError(f"not a tokenizers JSON file ({one_line(error)})", where) from None
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length)
+        pad = tokenizer.token_to_id("[PAD]")
+        if pad != 0:
+            found = "no [PAD] token" if pad is None else f"[PAD] has id {pad}"
+            raise UsageError(f"{found}; the model masks id 0, expected [PAD] = 0", where)
+        return cls(tokenizer, max_length, str(where))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, max_length: int) -> WordPiece:
+        path = pathlib.Path(path)
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise UsageError(
+                f"cannot read it ({error.strerror or one_line(error)})", path
+            ) from None
+        return cls.from_bytes(data, max_length, path)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size())
+
+    def encode(self, texts: list[str], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (N, T) int32 padded with 0, lengths (N,)); T = `length` or the longest."""
+        for text in texts:
+            if not isinstance(text, str):
+                raise UsageError(f"expected text, got {type(text).__name__}", "--text")
+            if len(text) > MAX_TEXT_CHARS:
+                raise UsageError(
+                    f"a sentence of {len(text)} characters; at most {MAX_TEXT_CHARS}", "--text"
+                )
+        encodings = self.tokenizer.encode_batch(list(texts)) if texts else []
+        lengths = np.array([len(e.ids) for e in encodings], np.int64)
+        width = int(length if length is not None else (lengths.max() if len(texts) else 1))
+        if length is not None and len(texts) and lengths.max() > length:
+            raise UsageError(
+                f"a sentence has {lengths.max()} word pieces; the array holds {length}", "--text"
+            )
+        ids = np.zeros((len(texts), width), np.int32)
+        for row, encoding in enumerate(encodings):
+            ids[row, : len(encoding.ids)] = encoding.ids
+        return ids, lengths
+
+    def pieces(self, text: str) -> tuple[list[str], list[tuple[int, int]]]:
+        """The word pieces of one sentence and each one's (start, end) in `text`."""
+        encoding = self.tokenizer.encode(text)
+        return list(encoding.tokens), [tuple(o) for o in encoding.offsets]

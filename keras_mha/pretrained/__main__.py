@@ -1,0 +1,3 @@
+from keras_mha.pretrained.cli import main
+
+raise SystemExit(main())

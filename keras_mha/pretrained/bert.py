@@ -1,0 +1,280 @@
+"""A BERT-family encoder rebuilt from keras_mha's layers, with a checkpoint's weights.
+
+    ids -> BertEmbeddings (word + position + token type 0, LayerNorm)
+        -> transformer_layer_0 .. transformer_layer_{L-1}   (post-LN, GELU)
+        -> pooling (mean over the real tokens) -> L2 normalisation
+
+This is the model sentence-transformers runs for all-MiniLM-L6-v2 (6 layers,
+12 heads, d_model 384, d_k 32). Every block is the project's
+`TransformerEncoderBlock`, so its attention is `keras_mha.MultiHeadAttention`
+and head analysis, export and the device treat it as they treat the
+classifiers.
+
+Where the lesson's matrices come from (`load_weights`): Hugging Face stores a
+Linear as `(out, in)`. The query matrix `Q` of layer l is
+`encoder.layer.l.attention.self.query.weight`, so `W = Q.T` is
+`(d_model, h * d_k)` and head i's W_i^Q is its columns `i*d_k:(i+1)*d_k`
+(rows `i*d_k:(i+1)*d_k` of the checkpoint's matrix). Reshaping `W` to
+`(d_model, h, d_k)` is exactly our `query_kernel`, with `query_kernel[:, i, :]`
+= W_i^Q. Keys and values alike; W^O is `attention.output.dense.weight.T`
+reshaped to `(h, d_v, d_model)`, so `output_kernel[i]` reads head i.
+
+Token id 0 is BERT's [PAD]: the mask is `ids != 0`, as for the classifiers'
+`Embedding(mask_zero=True)`; padded keys get no attention and pooling skips
+padded positions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mha.layers import LayerNorm, MaskedMeanPooling, TransformerEncoderBlock
+from keras_mha.pretrained.config import BertConfig
+from keras_mha_edge.errors import UsageError
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class BertEmbeddings(keras.layers.Layer):
+    """word_embeddings[ids] + position_embeddings[t] + token_type_embeddings[0], then LayerNorm.
+
+    Every sentence is one segment (token type 0). The output carries the
+    mask `ids != 0` ([PAD] is 0) for the blocks and the pooling.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_positions: int,
+        type_vocab_size: int = 2,
+        epsilon: float = 1e-12,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = int(vocab_size)
+        self.hidden_size = int(hidden_size)
+        self.max_positions = int(max_positions)
+        self.type_vocab_size = int(type_vocab_size)
+        self.epsilon = float(epsilon)
+        self.norm = LayerNorm(self.epsilon, name="norm")
+
+    def build(self, input_shape=None):
+        d_model = self.hidden_size
+        self.word_embeddings = self.add_weight(
+            name="word_embeddings", shape=(self.vocab_size, d_model), initializer="zeros"
+        )
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(self.max_positions, d_model), initializer="zeros"
+        )
+        self.token_type_embeddings = self.add_weight(
+            name="token_type_embeddings",
+            shape=(self.type_vocab_size, d_model),
+            initializer="zeros",
+        )
+        self.norm.build((None, None, d_model))
+        self.built = True
+
+    def call(self, ids):
+        length = ids.shape[1]
+        if length is None:
+            length = ops.shape(ids)[1]
+        elif length > self.max_positions:
+            raise ValueError(
+                f"Sequence length {length} exceeds max_positions={self.max_positions}."
+            )
+        x = ops.take(self.word_embeddings, ids, axis=0)  # (B, T, d)
+        x = x + ops.expand_dims(self.position_embeddings[:length], 0)  # + position t
+        x = x + self.token_type_embeddings[0]  # + segment A
+        return self.norm(x)
+
+    def compute_mask(self, ids, mask=None):
+        return ops.not_equal(ids, 0)
+
+    def compute_output_spec(self, ids):
+        return keras.KerasTensor(tuple(ids.shape) + (self.hidden_size,), dtype=self.compute_dtype)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "max_positions": self.max_positions,
+            "type_vocab_size": self.type_vocab_size,
+            "epsilon": self.epsilon,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class L2Normalize(keras.layers.Layer):
+    """x / max(||x||, 1e-12) over the last axis (sentence-transformers' Normalize)."""
+
+    def call(self, x):
+        norm = ops.sqrt(ops.sum(x * x, axis=-1, keepdims=True))
+        return x / ops.maximum(norm, 1e-12)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+def build_encoder(
+    config: BertConfig, sequence_length: int | None = None, batch_size: int | None = None
+) -> keras.Model:
+    """The encoder as a Functional model `keras_mha_encoder`: ids (B, T) -> (B, d), unit norm.
+
+    `sequence_length=None` accepts any length up to `max_positions`.
+    """
+    config.validate()
+    ids = keras.Input((sequence_length,), batch_size=batch_size, dtype="int32", name="inputs")
+    x = BertEmbeddings(
+        config.vocab_size,
+        config.hidden_size,
+        config.max_positions,
+        config.type_vocab_size,
+        config.layer_norm_eps,
+        name="embedding",
+    )(ids)
+    for i in range(config.num_layers):
+        x = TransformerEncoderBlock(
+            num_heads=config.num_heads,
+            ff_dim=config.intermediate_size,
+            dropout=0.0,
+            epsilon=config.layer_norm_eps,
+            activation=config.activation,
+            name=f"transformer_layer_{i}",
+        )(x)
+    x = MaskedMeanPooling(name="pooling")(x)
+    x = L2Normalize(name="normalize")(x)
+    return keras.Model(ids, x, name="keras_mha_encoder")
+
+
+# ------------------------------------------------------------------ weights
+def _prefix(names: set[str]) -> str:
+    """The checkpoint's prefix: "" (BertModel) or "bert." (a task model around it)."""
+    for prefix in ("", "bert."):
+        if f"{prefix}embeddings.word_embeddings.weight" in names:
+            return prefix
+    raise UsageError(
+        "has no embeddings.word_embeddings.weight; expected a BERT checkpoint", "model.safetensors"
+    )
+
+
+def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Hugging Face tensors -> our layers' weights, every shape checked.
+
+    Returns {"embedding": [...], "transformer_layer_i": {...}} in our layout
+    (see the module docstring for W_i^Q).
+    """
+    p = _prefix(set(tensors))
+    d, h, dk, f = config.hidden_size, config.num_heads, config.key_dim, config.intermediate_size
+
+    def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        key = p + name
+        if key not in tensors:
+            raise UsageError(f"has no tensor {key}", "model.safetensors")
+        value = np.asarray(tensors[key], np.float32)
+        if value.shape != shape:
+            raise UsageError(
+                f"tensor {key} has shape {value.shape}; config.json implies {shape}",
+                "model.safetensors",
+            )
+        return value
+
+    out: dict[str, Any] = {
+        "embedding": [
+            get("embeddings.word_embeddings.weight", (config.vocab_size, d)),
+            get("embeddings.position_embeddings.weight", (config.max_positions, d)),
+            get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, d)),
+            get("embeddings.LayerNorm.weight", (d,)),
+            get("embeddings.LayerNorm.bias", (d,)),
+        ]
+    }
+    for layer in range(config.num_layers):
+        at = f"encoder.layer.{layer}."
+
+        def head_kernel(name: str, at: str = at) -> tuple[np.ndarray, np.ndarray]:
+            weight = get(at + f"attention.self.{name}.weight", (d, d))  # (out, in)
+            bias = get(at + f"attention.self.{name}.bias", (d,))
+            # W = weight.T, (d_model, h * d_k); head i's W_i = W[:, i*d_k:(i+1)*d_k].
+            return weight.T.reshape(d, h, dk), bias.reshape(h, dk)
+
+        out[f"transformer_layer_{layer}"] = {
+            "query": head_kernel("query"),
+            "key": head_kernel("key"),
+            "value": head_kernel("value"),
+            "output": (
+                get(at + "attention.output.dense.weight", (d, d)).T.reshape(h, dk, d),  # W^O
+                get(at + "attention.output.dense.bias", (d,)),
+            ),
+            "attention_norm": (
+                get(at + "attention.output.LayerNorm.weight", (d,)),
+                get(at + "attention.output.LayerNorm.bias", (d,)),
+            ),
+            "ffn_in": (
+                get(at + "intermediate.dense.weight", (f, d)).T,
+                get(at + "intermediate.dense.bias", (f,)),
+            ),
+            "ffn_out": (
+                get(at + "output.dense.weight", (d, f)).T,
+                get(at + "output.dense.bias", (d,)),
+            ),
+            "ffn_norm": (
+                get(at + "output.LayerNorm.weight", (d,)),
+                get(at + "output.LayerNorm.bias", (d,)),
+            ),
+        }
+    return out
+
+
+def load_weights(model: keras.Model, config: BertConfig, tensors: dict[str, np.ndarray]) -> None:
+    """Assign a checkpoint's tensors to `build_encoder(config)`'s layers."""
+    weights = checkpoint_weights(config, tensors)
+    embedding = model.get_layer("embedding")
+    word, position, token_type, gamma, beta = weights["embedding"]
+    embedding.word_embeddings.assign(word)
+    embedding.position_embeddings.assign(position)
+    embedding.token_type_embeddings.assign(token_type)
+    embedding.norm.gamma.assign(gamma)
+    embedding.norm.beta.assign(beta)
+    for layer in range(config.num_layers):
+        block = model.get_layer(f"transformer_layer_{layer}")
+        w = weights[f"transformer_layer_{layer}"]
+        attention = block.attention
+        for name, dense in (
+            ("query", attention.query_dense),
+            ("key", attention.key_dense),
+            ("value", attention.value_dense),
+            ("output", attention.output_dense),
+        ):
+            dense.kernel.assign(w[name][0])
+            dense.bias.assign(w[name][1])
+        for name, norm in (("attention_norm", block.attention_norm), ("ffn_norm", block.ffn_norm)):
+            norm.gamma.assign(w[name][0])
+            norm.beta.assign(w[name][1])
+        for name, dense in (("ffn_in", block._ffn_in), ("ffn_out", block._ffn_out)):
+            dense.kernel.assign(w[name][0])
+            dense.bias.assign(w[name][1])
+
+
+def encoder_forward(model: keras.Model, ids, head_masks=None, return_attention=False):
+    """Run `build_encoder`'s model layer by layer: (B, d) vectors [, attention per layer].
+
+    `head_masks`: optional list with one `(h,)` multiplier per block (head
+    analysis). The attention weights are `(B, h, T, T)`, rows of padded
+    queries zero.
+    """
+    embedding = model.get_layer("embedding")
+    ids = ops.convert_to_tensor(ids, "int32")
+    x = embedding(ids)
+    mask = embedding.compute_mask(ids)
+    weights = []
+    for i in range(sum(1 for layer in model.layers if isinstance(layer, TransformerEncoderBlock))):
+        block = model.get_layer(f"transformer_layer_{i}")
+        head_mask = None if head_masks is None else head_masks[i]
+        x, scores = block(x, mask=mask, head_mask=head_mask, return_attention_scores=True)
+        weights.append(scores)
+    vectors = model.get_layer("normalize")(model.get_layer("pooling")(x, mask=mask))
+    return (vectors, weights) if return_attention else vectors

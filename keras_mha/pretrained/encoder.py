@@ -1,0 +1,91 @@
+"""`load(...)`: a checkpoint as an `Encoder` (Keras model + tokenizer), `encode(texts)`."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from keras_mha.pretrained.bert import build_encoder, load_weights
+from keras_mha.pretrained.checkpoint import Checkpoint, resolve
+from keras_mha.pretrained.config import BertConfig
+from keras_mha_edge.contract.wordpiece import WordPiece
+
+DEFAULT_MAX_LENGTH = 128
+
+
+@dataclasses.dataclass
+class Encoder:
+    """A sentence encoder: `model` maps ids (B, T) to unit vectors (B, d)."""
+
+    model: object  # keras.Model, built by bert.build_encoder
+    config: BertConfig
+    tokenizer: WordPiece
+    checkpoint: Checkpoint | None = None
+
+    @property
+    def max_length(self) -> int:
+        return self.tokenizer.max_length
+
+    def tokenize(self, texts: list[str], length: int | None = None) -> np.ndarray:
+        """Token ids (N, T) int32, 0-padded to `length` or to the longest sentence."""
+        return self.tokenizer.encode(list(texts), length)[0]
+
+    def embed_ids(self, ids: np.ndarray, batch_size: int = 32) -> np.ndarray:
+        """(N, d) float32 unit vectors for token ids (N, T)."""
+        from keras import ops
+
+        ids = np.asarray(ids, np.int32)
+        out = [
+            ops.convert_to_numpy(self.model(ids[i : i + batch_size], training=False))
+            for i in range(0, len(ids), batch_size)
+        ]
+        return np.concatenate(out) if out else np.zeros((0, self.config.hidden_size), np.float32)
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """(N, d) float32, L2-normalised as sentence-transformers does.
+
+        Each batch is padded to its own longest sentence (padding is masked,
+        so the vectors do not depend on it)."""
+        texts = list(texts)
+        out = [
+            self.embed_ids(self.tokenize(texts[i : i + batch_size]), batch_size)
+            for i in range(0, len(texts), batch_size)
+        ]
+        return np.concatenate(out) if out else np.zeros((0, self.config.hidden_size), np.float32)
+
+    def attention(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Every layer's attention weights for ids (B, T): a list of (B, h, T, T)."""
+        from keras import ops
+
+        from keras_mha.pretrained.bert import encoder_forward
+
+        weights = encoder_forward(self.model, np.asarray(ids, np.int32), return_attention=True)[1]
+        return [ops.convert_to_numpy(a) for a in weights]
+
+
+def load(
+    source: str | pathlib.Path = "all-MiniLM-L6-v2", max_length: int = DEFAULT_MAX_LENGTH
+) -> Encoder:
+    """A pretrained encoder from a known name or a checkpoint directory (never downloaded).
+
+    Raises `keras_mha_edge.errors.UsageError` (a ValueError), one line, for a
+    missing file, a checksum mismatch or a configuration the encoder cannot
+    honour.
+    """
+    checkpoint = resolve(str(source))
+    if max_length > checkpoint.config.max_positions:
+        raise ValueError(
+            f"max_length {max_length} exceeds the checkpoint's max_position_embeddings "
+            f"{checkpoint.config.max_positions}"
+        )
+    tokenizer = WordPiece.load(checkpoint.tokenizer_file, max_length)
+    if tokenizer.vocab_size > checkpoint.config.vocab_size:
+        raise ValueError(
+            f"{checkpoint.tokenizer_file}: {tokenizer.vocab_size} tokens; the model embeds "
+            f"{checkpoint.config.vocab_size}"
+        )
+    model = build_encoder(checkpoint.config)
+    load_weights(model, checkpoint.config, checkpoint.tensors())
+    return Encoder(model, checkpoint.config, tokenizer, checkpoint)

@@ -1,0 +1,167 @@
+"""An embedding run directory: a pretrained encoder imported by `keras-mha-import`.
+
+    RUN/
+      model.keras      the encoder (keras_mha.pretrained.bert.build_encoder), ids -> unit vectors
+      metrics.json     {"task": "embedding", "dataset", "seed", "config", "max_length", "source"}
+      eval.npz         x (N, T) int32 token ids, 0-padded; embeddings (N, d): the model's vectors
+      calibration.npz  x (M, T') token ids (int8 calibration)
+      texts.json       the eval sentences, one per row of x
+      tokenizer.json   the checkpoint's tokenizer (Hugging Face tokenizers)
+
+Read and written with the device's own checks (`check_embedding_eval`,
+`parse_texts`, `WordPiece`), so export cannot bundle what the device refuses.
+Written whole or not at all (staged beside `out`, then renamed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+
+import numpy as np
+
+from keras_mha.rundir.writing import check_out
+from keras_mha_edge.contract import arrays
+from keras_mha_edge.contract.arrays import EvalData, check_embedding_eval
+from keras_mha_edge.contract.bundle import parse_texts, texts_json
+from keras_mha_edge.contract.files import staging_dir, swap_into_place
+from keras_mha_edge.contract.wordpiece import WordPiece
+from keras_mha_edge.errors import UsageError
+
+TASK = "embedding"
+FILES = (
+    "model.keras",
+    "metrics.json",
+    "eval.npz",
+    "calibration.npz",
+    "texts.json",
+    "tokenizer.json",
+)
+
+
+def task_of(run: pathlib.Path) -> str:
+    """metrics.json's `task` ("classification" when absent or unreadable: read_run says why)."""
+    try:
+        metrics = json.loads((pathlib.Path(run) / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "classification"
+    task = metrics.get("task") if isinstance(metrics, dict) else None
+    return task if isinstance(task, str) else "classification"
+
+
+@dataclasses.dataclass
+class EmbeddingRun:
+    path: pathlib.Path
+    metrics: dict
+    config: object  # keras_mha.pretrained.bert.BertConfig
+    max_length: int
+    eval: EvalData  # x, y (float nearest neighbours), probs = the float vectors
+    calibration: np.ndarray
+    texts: tuple[str, ...]
+    tokenizer: WordPiece
+
+    @property
+    def dataset(self) -> str:
+        return str(self.metrics.get("dataset", "corpus"))
+
+    @property
+    def model_file(self) -> pathlib.Path:
+        return self.path / "model.keras"
+
+    def load_model(self):
+        from keras_mha.rundir.reading import load_keras_model
+
+        model = load_keras_model(self.model_file)
+        width = int(model.outputs[0].shape[-1])
+        if width != self.config.hidden_size:
+            raise UsageError(
+                f"outputs {width} dimensions; metrics.json's config has {self.config.hidden_size}",
+                self.model_file,
+            )
+        return model
+
+
+def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
+    from keras_mha.pretrained.config import BertConfig
+
+    if not isinstance(metrics, dict) or metrics.get("task") != TASK:
+        raise UsageError("expected task 'embedding'", run / "metrics.json")
+    config = BertConfig.from_dict(metrics.get("config"), run / "metrics.json")
+    max_length = metrics.get("max_length")
+    if not isinstance(max_length, int) or not 2 <= max_length <= config.max_positions:
+        raise UsageError(
+            f"max_length must be an integer from 2 to {config.max_positions}, got {max_length!r}",
+            run / "metrics.json",
+        )
+    ev = check_embedding_eval(x, vectors, run / "eval.npz")
+    if vectors.shape[1] != config.hidden_size:
+        raise UsageError(
+            f"embeddings have {vectors.shape[1]} dimensions; the config has {config.hidden_size}",
+            run / "eval.npz",
+        )
+    for where, ids in ((run / "eval.npz", x), (run / "calibration.npz", calibration)):
+        arrays.check_inputs(ids, where, "x")
+        if ids.ndim != 2 or ids.dtype.kind not in "iu" or ids.shape[1] > max_length:
+            raise UsageError(f"x must be token ids (N, T <= {max_length})", where)
+        if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
+            raise UsageError(f"x has ids outside 0..{config.vocab_size - 1}", where)
+    texts = parse_texts(
+        texts_json(texts) if isinstance(texts, (list, tuple)) else texts, len(x), run / "texts.json"
+    )
+    tokenizer = WordPiece.from_bytes(tokenizer_bytes, max_length, run / "tokenizer.json")
+    if tokenizer.vocab_size > config.vocab_size:
+        raise UsageError(
+            f"has {tokenizer.vocab_size} tokens; the model embeds {config.vocab_size}",
+            run / "tokenizer.json",
+        )
+    return EmbeddingRun(run, metrics, config, max_length, ev, calibration, texts, tokenizer)
+
+
+def read_embedding_run(path: str | os.PathLike) -> EmbeddingRun:
+    """Read and check an embedding run directory (not its model: `load_model()`)."""
+    run = pathlib.Path(path)
+    for name in FILES:
+        if not (run / name).is_file():
+            raise UsageError("missing; expected an embedding run from keras-mha-import", run / name)
+    try:
+        metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
+        texts = (run / "texts.json").read_bytes()
+        tokenizer = (run / "tokenizer.json").read_bytes()
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read it ({error})", run) from None
+    ev = arrays.read_npz(run / "eval.npz", ("x", "embeddings"))
+    calibration = arrays.read_npz(run / "calibration.npz", ("x",))["x"]
+    return _check(run, metrics, ev["x"], ev["embeddings"], calibration, texts, tokenizer)
+
+
+def write_embedding_run(
+    out: str | os.PathLike,
+    model,
+    metrics: dict,
+    x: np.ndarray,
+    vectors: np.ndarray,
+    calibration: np.ndarray,
+    texts: list[str],
+    tokenizer_bytes: bytes,
+    overwrite: bool = False,
+) -> EmbeddingRun:
+    """Check everything as `read_embedding_run` would, then write the run whole."""
+    out = check_out(out, overwrite)
+    metrics = {**metrics, "task": TASK}
+    run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes)
+    staging = staging_dir(out)
+    try:
+        model.save(staging / "model.keras")
+        (staging / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        np.savez(staging / "eval.npz", x=x.astype(np.int32), embeddings=vectors.astype(np.float32))
+        np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
+        (staging / "texts.json").write_bytes(texts_json(texts))
+        (staging / "tokenizer.json").write_bytes(tokenizer_bytes)
+        swap_into_place(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return dataclasses.replace(run, path=out)

