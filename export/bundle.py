@@ -41,6 +41,7 @@ from .source import SourcePaths, load_source, run_files
 from .summary import mode_line
 
 TOOL = "keras-mha-export"
+ENCODER_ATTENTION_SAMPLES = 8
 
 
 class ExportFailed(Exception):
@@ -123,7 +124,9 @@ def _add_attention_reference(staging: pathlib.Path, loaded) -> AttentionReferenc
 
     from keras_mha.model import attention_model
 
-    x = loaded.eval.x[: attention.MAX_SAMPLES]
+    # An encoder's eval sentences are long and padded to the longest: 8 of them
+    # (about 16 MB for MiniLM) show its 72 heads on the device.
+    x = loaded.eval.x[: ENCODER_ATTENTION_SAMPLES if loaded.embedding else attention.MAX_SAMPLES]
     outputs = attention_model(loaded.model, batch_size=None).predict(x, batch_size=64, verbose=0)
     weights = [
         np.asarray(outputs[attention.output_name(i)], np.float32) for i in range(len(outputs))
@@ -221,10 +224,10 @@ def export_bundle(
         if loaded.vocab is not None:
             loaded.vocab.save(staging / "vocab.json")
             vocab_ref = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
-        view = not loaded.embedding and _has_encoder_blocks(loaded.model)
+        view = _has_encoder_blocks(loaded.model)
         if view:
             attention_ref = _add_attention_reference(staging, loaded)
-        elif not loaded.embedding:
+        else:
             log(
                 "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
                 "no attention signature (the device's --view and attention parity need one)"

@@ -71,10 +71,11 @@ def convert_mode(
     seconds = time.perf_counter() - start
     graph = read_graph(model)
     problems = check_graph(graph, mode)
+    dynamic = dynamic_length(graph)
     signatures, check = {}, None
     described = attention_signature(model)
     if described is not None:
-        signatures = {described["signature"]: _signature(described)}
+        signatures = {described["signature"]: _signature(described, dynamic and sequence_length)}
         check = AttentionCheck(described["signature"], ATTENTION_THRESHOLDS[mode])
         view = check_graph(read_graph(model, described["subgraph"]), mode)
         for name, found in view.items():
@@ -93,7 +94,6 @@ def convert_mode(
         )
 
     weights = weight_dtypes(graph)
-    dynamic = dynamic_length(graph)
     model_input = spec(graph.inputs[0])
     if dynamic:
         model_input = dataclasses.replace(model_input, shape=(1, int(sequence_length)))
@@ -123,13 +123,23 @@ def convert_mode(
     return entry, [f"{check}: {'; '.join(found)}" for check, found in problems.items() if found]
 
 
-def _signature(described: dict) -> Signature:
-    """`convert.attention_signature`'s description as the manifest's `Signature`."""
+def _signature(described: dict, sequence_length: int | None = None) -> Signature:
+    """`convert.attention_signature`'s description as the manifest's `Signature`.
+
+    A dynamic-length model's tensors are described at `sequence_length`:
+    input (1, T), outputs (1, h, T, T), as the device runs the eval samples.
+    """
+
+    def shape(tensor: dict) -> tuple[int, ...]:
+        dims = tuple(tensor["shape"])
+        if not sequence_length:
+            return dims
+        return (1, sequence_length) if len(dims) == 2 else (*dims[:2], *(sequence_length,) * 2)
 
     def spec(tensor: dict) -> TensorSpec:
         return TensorSpec(
             tensor["name"],
-            tuple(tensor["shape"]),
+            shape(tensor),
             tensor["dtype"],
             tensor["scale"],
             tensor["zero_point"],

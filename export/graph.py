@@ -231,8 +231,8 @@ def check_graph(graph: GraphInfo, mode: str) -> dict[str, list[str]]:
         for index in indices:
             tensor = graph.tensor(index)
             dims = tensor.shape_signature or tensor.shape
-            if dynamic and kind == "input":
-                dims = dims[:1]  # [1, -1]: resized to each sentence's length on the device
+            if dynamic:  # [1, -1]: resized to each sentence's length on the device
+                dims = dims[:1]
             if not tensor.shape or tensor.shape[0] != 1 or any(d < 0 for d in dims):
                 problems["batch_one"].append(
                     f"{kind} {tensor.name} has shape {list(dims)}, expected [1, ...] with fixed dims"

@@ -8,6 +8,8 @@
 - `PositionalEncoding`: sinusoidal (the original Transformer's) or learned.
 - `TransformerEncoderBlock`: post-norm encoder block (attention, residual,
   norm, feed-forward, residual, norm), with our `MultiHeadAttention`.
+- `BertEmbeddings`, `L2Normalize`: a BERT checkpoint's input embeddings and
+  sentence-transformers' normalisation (keras_mha/pretrained/bert.py).
 """
 
 from __future__ import annotations
@@ -298,3 +300,86 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "seed": self.seed,
             "activation": self.activation,
         }
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class BertEmbeddings(keras.layers.Layer):
+    """word_embeddings[ids] + position_embeddings[t] + token_type_embeddings[0], then LayerNorm.
+
+    Every sentence is one segment (token type 0). The output carries the
+    mask `ids != 0` ([PAD] is 0) for the blocks and the pooling.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        max_positions: int,
+        type_vocab_size: int = 2,
+        epsilon: float = 1e-12,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocab_size = int(vocab_size)
+        self.hidden_size = int(hidden_size)
+        self.max_positions = int(max_positions)
+        self.type_vocab_size = int(type_vocab_size)
+        self.epsilon = float(epsilon)
+        self.norm = LayerNorm(self.epsilon, name="norm")
+
+    def build(self, input_shape=None):
+        d_model = self.hidden_size
+        self.word_embeddings = self.add_weight(
+            name="word_embeddings", shape=(self.vocab_size, d_model), initializer="zeros"
+        )
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(self.max_positions, d_model), initializer="zeros"
+        )
+        self.token_type_embeddings = self.add_weight(
+            name="token_type_embeddings",
+            shape=(self.type_vocab_size, d_model),
+            initializer="zeros",
+        )
+        self.norm.build((None, None, d_model))
+        self.built = True
+
+    def call(self, ids):
+        length = ids.shape[1]
+        if length is None:
+            length = ops.shape(ids)[1]
+        elif length > self.max_positions:
+            raise ValueError(
+                f"Sequence length {length} exceeds max_positions={self.max_positions}."
+            )
+        x = ops.take(self.word_embeddings, ids, axis=0)  # (B, T, d)
+        x = x + ops.expand_dims(self.position_embeddings[:length], 0)  # + position t
+        x = x + self.token_type_embeddings[0]  # + segment A
+        return self.norm(x)
+
+    def compute_mask(self, ids, mask=None):
+        return ops.not_equal(ids, 0)
+
+    def compute_output_spec(self, ids):
+        return keras.KerasTensor(tuple(ids.shape) + (self.hidden_size,), dtype=self.compute_dtype)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "max_positions": self.max_positions,
+            "type_vocab_size": self.type_vocab_size,
+            "epsilon": self.epsilon,
+        }
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class L2Normalize(keras.layers.Layer):
+    """x / max(||x||, 1e-12) over the last axis (sentence-transformers' Normalize)."""
+
+    def call(self, x):
+        norm = ops.sqrt(ops.sum(x * x, axis=-1, keepdims=True))
+        return x / ops.maximum(norm, 1e-12)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape

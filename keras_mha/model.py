@@ -208,8 +208,18 @@ class _AttentionWeights(keras.layers.Layer):
         self.classifier = classifier
 
     def call(self, x):
-        _, scores = forward(self.classifier, x, return_attention_scores=True, training=False)
+        if is_encoder(self.classifier):  # keras_mha.pretrained's sentence encoder
+            from keras_mha.pretrained.bert import encoder_forward
+
+            _, scores = encoder_forward(self.classifier, x, return_attention=True)
+        else:
+            _, scores = forward(self.classifier, x, return_attention_scores=True, training=False)
         return {output_name(i): s for i, s in enumerate(scores)}  # each (B, h, T, S)
+
+
+def is_encoder(model: keras.Model) -> bool:
+    """Whether `model` is `keras_mha.pretrained.bert.build_encoder`'s (ids -> unit vectors)."""
+    return any(type(layer).__name__ == "BertEmbeddings" for layer in model.layers)
 
 
 def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Model:

@@ -2,9 +2,11 @@
 
 The emulated run itself (.ci/arm64/test.sh) needs root and minutes; here:
 the fake /proc/cpuinfo, the refusals that must come before anything is
-mounted or built, and the gate and tables of .ci/arm64/summary.py on
+mounted or built, the gate and tables of .ci/arm64/summary.py on
 made-up results shaped like the measured ones, alone and through make
-test-arm64's recipe (with the emulated run and the edge demo stood in for).
+test-arm64's recipe (with the emulated run and the edge demo stood in for),
+and raw_outputs.py on two tiny converted models (a dynamic sequence axis, as
+the encoder's, and a fixed one).
 """
 
 from __future__ import annotations
@@ -52,21 +54,52 @@ def test_cpuinfo_refuses_an_unknown_core():
     assert proc.returncode == 2 and "cortex-a53" in proc.stderr
 
 
+def _test_sh(tmp_path, *args: str, cpus: str | None = None) -> subprocess.CompletedProcess:
+    """.ci/arm64/test.sh OUT_DIR ARGS..., with its cache in tmp_path."""
+    env = {"ARM64_CACHE": str(tmp_path / "cache")}
+    if cpus is not None:
+        env["ARM64_CPUS"] = cpus
+    return _run("bash", str(ARM64 / "test.sh"), str(tmp_path / "out"), *args, env=env)
+
+
 @pytest.mark.parametrize(
     "cpus, message",
     [("max", "QEMU_CPU=max"), ("", "ARM64_CPUS is empty"), ("cortex-a53", "no /proc/cpuinfo")],
 )
 def test_test_sh_refuses_a_cpu_before_touching_anything(tmp_path, cpus, message):
-    proc = _run(
-        "bash",
-        str(ARM64 / "test.sh"),
-        str(tmp_path / "out"),
-        str(tmp_path),
-        str(tmp_path),
-        "a sentence",
-        env={"ARM64_CPUS": cpus, "ARM64_CACHE": str(tmp_path / "cache")},
-    )
+    bundles = (str(tmp_path),) * 3  # digits, text, encoder
+    proc = _test_sh(tmp_path, *bundles, "a sentence", "a query", cpus=cpus)
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (0, "usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE TEXT QUERY"),
+        (3, "encoder bundle"),
+        (4, "a sentence for --text"),
+        (5, "a query for the encoder"),
+    ],
+)
+def test_test_sh_refuses_fewer_than_six_arguments(tmp_path, given, message):
+    """OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE "TEXT" "QUERY": each one is required."""
+    args = [str(tmp_path / "out"), str(tmp_path), str(tmp_path), str(tmp_path), "a sentence"]
+    proc = _run("bash", str(ARM64 / "test.sh"), *args[:given], env={"ARM64_CPUS": "max"})
+    assert proc.returncode == 1 and message in proc.stderr, proc.stderr
+    assert "QEMU_CPU=max" not in proc.stderr  # refused before the CPUs are looked at
+    assert not (tmp_path / "out").exists()
+
+
+def test_test_sh_refuses_an_encoder_bundle_without_a_manifest(tmp_path):
+    for name in ("digits", "text", "encoder"):
+        (tmp_path / name).mkdir()
+    for name in ("digits", "text"):
+        (tmp_path / name / "manifest.json").write_text("{}")
+    bundles = [str(tmp_path / name) for name in ("digits", "text", "encoder")]
+    proc = _test_sh(tmp_path, *bundles, "a sentence", "a query")  # the default CPUs
+    assert proc.returncode == 2, proc.stderr
+    assert f"test-arm64: {bundles[2]} is not a bundle (no manifest.json)" in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
 
 
@@ -74,15 +107,40 @@ CPUS = ("cortex-a72", "cortex-a76")
 MODES = {
     "digits": ("float32", "dynamic", "float16", "int8", "int16x8"),
     "text": ("float32", "dynamic", "float16", "int8"),
+    "encoder": ("dynamic",),  # all-MiniLM-L6-v2: dynamic range only on ARM
 }
 # Checks summary.py counts for two CPUs: the run status; per bundle, a report per machine
 # and a parity check per machine and mode; the x86-64 raw file, one per CPU, and a raw
-# check per CPU and mode.
+# check per CPU and mode: 1 + 9 reports + 30 parity + 3 x86-64 raw files + 6 CPU raw files
+# + 20 raw checks = 69 (58 before the encoder).
 CHECKS = 1 + sum(3 * (1 + len(m)) + 1 + 2 + 2 * len(m) for m in MODES.values())
+# The encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
+# one 384-element unit vector each.
+SENTENCES, WIDTH = 389, 384
+QUANTUM = 1 / 256  # RAW_BOUNDS["dynamic"].max_abs
+# The edge demo's figures for the dynamic encoder on x86-64 (docs/pretrained.md).
+ENCODER_REPORT = {
+    "passed": True,
+    "skipped": False,
+    "accuracy": None,
+    "agreement": 0.982005,
+    "max_abs_diff": 0.0213,
+    "mean_abs_diff": 0.0019,
+    "min_cosine": 0.992629,
+    "mean_cosine": 0.998563,
+    "top1": 0.982005,
+    "top5": 1.0,
+}
 
 
 def _reference(bundle: str, rng) -> dict[str, np.ndarray]:
-    """x86-64 raw outputs: 360 samples, 10 classes; float, int8 (1/256) and int16 (1/32768)."""
+    """x86-64 raw outputs: 360 samples, 10 classes; float, int8 (1/256) and int16 (1/32768).
+
+    The encoder: 389 unit vectors of 384 float32 elements."""
+    if bundle == "encoder":
+        vectors = rng.standard_normal((SENTENCES, WIDTH))
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return {"dynamic": vectors.astype(np.float32)}
     probs = rng.dirichlet(np.full(10, 0.3), 360)
     raw = {}
     for mode in MODES[bundle]:
@@ -98,8 +156,18 @@ def _reference(bundle: str, rng) -> dict[str, np.ndarray]:
 
 
 def _as_measured(bundle: str, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A CPU's raw outputs as make test-arm64 measured them (summary.py's RAW_BOUNDS comment)."""
+    """A CPU's raw outputs as make test-arm64 measured them (summary.py's RAW_BOUNDS comment).
+
+    The encoder is not measured on ARM yet: here every tenth sentence's vector
+    (rows 0, 10, ..., 380: 39 of 389) moves by up to 5e-4 per element, about
+    1/8 of RAW_BOUNDS' 1/256 (cosine to x86-64's about 0.99998, against 0.999),
+    and the other vectors are x86-64's bit for bit.
+    """
     arm = {mode: values.copy() for mode, values in raw.items()}
+    if bundle == "encoder":
+        noise = np.random.default_rng(1).uniform(-5e-4, 5e-4, arm["dynamic"][::10].shape)
+        arm["dynamic"][::10] += noise.astype(np.float32)
+        return arm
     for mode in ("float32", "dynamic", "float16"):
         arm[mode][5, 2] += np.float32(7e-7)
     if bundle == "digits":  # 7 of 3,600 values, up to 6 quanta, one top-1 flip
@@ -108,6 +176,17 @@ def _as_measured(bundle: str, raw: dict[str, np.ndarray]) -> dict[str, np.ndarra
             column = int(np.argmin(arm["int8"][row]))
             arm["int8"][row, column] += 1
     return arm
+
+
+def _turned(row: np.ndarray, cosine: float) -> np.ndarray:
+    """`row` turned to `cosine` with itself, its length kept, the turn spread over every element."""
+    v = row.astype(np.float64)
+    length = np.linalg.norm(v)
+    v = v / length
+    signs = np.where(np.arange(v.size) % 2 == 0, 1.0, -1.0)
+    u = signs - (signs @ v) * v  # orthogonal to v
+    u /= np.linalg.norm(u)
+    return (length * (cosine * v + np.sqrt(1 - cosine**2) * u)).astype(np.float32)
 
 
 def _write_results(out: pathlib.Path, edit=None) -> pathlib.Path:
@@ -119,18 +198,21 @@ def _write_results(out: pathlib.Path, edit=None) -> pathlib.Path:
         for machine in ("x86-64", *CPUS):
             raw = reference if machine == "x86-64" else _as_measured(bundle, reference)
             raw = {mode: values.copy() for mode, values in raw.items()}
-            report = {
-                "modes": {
-                    mode: {
-                        "passed": True,
-                        "skipped": False,
-                        "accuracy": 0.9583,
-                        "agreement": 1.0,
-                        "max_abs_diff": 0.01,
+            if bundle == "encoder":
+                report = {"modes": {mode: dict(ENCODER_REPORT) for mode in modes}}
+            else:
+                report = {
+                    "modes": {
+                        mode: {
+                            "passed": True,
+                            "skipped": False,
+                            "accuracy": 0.9583,
+                            "agreement": 1.0,
+                            "max_abs_diff": 0.01,
+                        }
+                        for mode in modes
                     }
-                    for mode in modes
                 }
-            }
             if edit is not None:
                 edit(machine, bundle, raw, report)
             np.savez(out / f"{machine}-{bundle}-raw.npz", **raw)
@@ -170,7 +252,14 @@ def test_summary_passes_the_measured_figures_and_writes_tables_and_json(tmp_path
     assert "| float32 | 1 of 3600; max 7e-07; top-1 same 1.0000 | " in proc.stdout
     row = "| int8 | " + " | ".join(["0.9583 / 1.0000 / 0.01 PASS"] * 3) + " |"
     assert row in lines
-    assert proc.stderr.strip() == f"test-arm64: PASS: {CHECKS} of {CHECKS} checks passed"
+    # The encoder: cosine figures in place of accuracy, and cosine in place of top-1.
+    assert "**encoder**: min / mean cosine to the float model / top-5 neighbour agreement" in lines
+    row = "| dynamic | " + " | ".join(["0.992629 / 0.998563 / 1.000 PASS"] * 3) + " |"
+    assert row in lines
+    cell = "14976 of 149376; max 0.0005; min cosine 0.999982"  # 39 vectors of 384 moved
+    assert f"| dynamic | {cell} | {cell} |" in lines
+    assert "top-1 same" not in proc.stdout.split("**encoder**: raw outputs")[1]
+    assert CHECKS == 69 and proc.stderr.strip() == "test-arm64: PASS: 69 of 69 checks passed"
 
 
 def _int16_one_quantum(machine, bundle, raw, report):
@@ -225,6 +314,37 @@ def _mode_missing(machine, bundle, raw, report):
         del raw["float16"]
 
 
+def _encoder_turned(machine, bundle, raw, report):  # cosine 0.9985, every element within 1/256
+    if machine == "cortex-a76" and bundle == "encoder":
+        raw["dynamic"][17] = _turned(raw["dynamic"][17], 0.9985)  # elements up to 0.0032 off
+
+
+def _encoder_past_a_quantum(machine, bundle, raw, report):  # one element, 1/256 + a little
+    if machine == "cortex-a72" and bundle == "encoder":
+        raw["dynamic"][23, 5] += np.float32(0.0045)
+
+
+def _encoder_nan(machine, bundle, raw, report):
+    if machine == "cortex-a76" and bundle == "encoder":
+        raw["dynamic"][3, 3] = np.nan
+
+
+def _encoder_failed(machine, bundle, raw, report):  # below the manifest's min cosine 0.98
+    if machine == "cortex-a72" and bundle == "encoder":
+        report["modes"]["dynamic"].update(passed=False, min_cosine=0.9712)
+
+
+def _encoder_missing(machine, bundle, raw, report):
+    if machine == "cortex-a76" and bundle == "encoder":
+        del report["modes"]["dynamic"]
+        del raw["dynamic"]
+
+
+def _encoder_padded(machine, bundle, raw, report):  # a vector per sentence, one too few
+    if machine == "cortex-a72" and bundle == "encoder":
+        raw["dynamic"] = raw["dynamic"][:-1]
+
+
 @pytest.mark.parametrize(
     "edit, failed, message",
     [
@@ -250,6 +370,31 @@ def _mode_missing(machine, bundle, raw, report):
         (_mode_failed, 1, "digits int8 on cortex-a76: missed the manifest's thresholds"),
         (_mode_skipped, 1, "digits int16x8 on cortex-a72: skipped (no kernel)"),
         (_mode_missing, 2, "text float16 on cortex-a72: not in the report"),
+        # A trailing newline: the whole line, so nothing else (max |Δ|) failed with it.
+        (
+            _encoder_turned,
+            1,
+            "encoder dynamic on cortex-a76 vs x86-64: min cosine 0.998500 (at least 0.999)\n",
+        ),
+        (
+            _encoder_past_a_quantum,
+            1,
+            "encoder dynamic on cortex-a72 vs x86-64: max |Δ| 0.0045 (at most 0.00390625)\n",
+        ),
+        (
+            _encoder_nan,
+            1,
+            "encoder dynamic on cortex-a76 vs x86-64: min cosine nan (at least 0.999); "
+            "max |Δ| inf (at most 0.00390625)\n",
+        ),
+        (_encoder_failed, 1, "encoder dynamic on cortex-a72: missed the manifest's thresholds"),
+        (_encoder_missing, 2, "encoder dynamic on cortex-a76: not in the report"),
+        (
+            _encoder_padded,
+            1,
+            "encoder dynamic on cortex-a72 vs x86-64: raw output float32[388, 384], "
+            "x86-64 float32[389, 384]\n",
+        ),
     ],
 )
 def test_summary_fails_beyond_a_bound(tmp_path, edit, failed, message):
@@ -264,7 +409,10 @@ def test_summary_fails_beyond_a_bound(tmp_path, edit, failed, message):
 
 
 def test_summary_passes_at_the_bounds(tmp_path):
-    """1 % of the int8 values 24 quanta off with 3 top-1 flips, floats 4e-6 off: still a pass."""
+    """1 % of the int8 values 24 quanta off with 3 top-1 flips, floats 4e-6 off: still a pass.
+
+    The encoder: a vector at cosine 0.999001 to x86-64's, and an element exactly 1/256 off.
+    """
 
     def at_the_bounds(machine, bundle, raw, report):
         if machine == "cortex-a72" and bundle == "text":
@@ -273,11 +421,26 @@ def test_summary_passes_at_the_bounds(tmp_path):
                 raw["int8"][row, int(np.argmin(raw["int8"][row]))] += 24
             raw["float32"][1, 1] += np.float32(3.9e-6)
             raw["dynamic"][2, 2] += np.float32(4.33e-6)  # as measured on an Intel Xeon host
+        if machine == "cortex-a72" and bundle == "encoder":  # rows 31 and 42: x86-64's so far
+            vectors = raw["dynamic"]
+            vectors[31] = _turned(vectors[31], 0.999001)
+            # An element from 1/16 to 1/8: adding 1/256 to it is exact in float32.
+            column = int(np.argmax((vectors[42] >= 1 / 16) & (vectors[42] < 1 / 8 - QUANTUM)))
+            assert 1 / 16 <= vectors[42, column] < 1 / 8 - QUANTUM
+            vectors[42, column] += np.float32(QUANTUM)
 
     out = _write_results(tmp_path / "results", at_the_bounds)
     proc = _summary(out)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "summary.json").read_text())["failed"] == 0
+    with (
+        np.load(out / "x86-64-encoder-raw.npz") as x86,
+        np.load(out / "cortex-a72-encoder-raw.npz") as arm,
+    ):
+        delta = np.abs(arm["dynamic"].astype(np.float64) - x86["dynamic"])
+    assert delta.max() == QUANTUM  # exactly the bound, not a hair under it
+    cell = f"{14976 + 384 + 1} of 149376; max 0.00391; min cosine 0.999001"
+    assert f"| dynamic | {cell} | " in proc.stdout
 
 
 def test_summary_counts_a_failed_run_and_missing_files(tmp_path):
@@ -287,18 +450,71 @@ def test_summary_counts_a_failed_run_and_missing_files(tmp_path):
     proc = _summary(out, "--run-status", "1")
     assert proc.returncode == 1
     summary = json.loads((out / "summary.json").read_text())
-    # The run status, a76's two reports and two raw files: 5 failed checks; the
+    # The run status, a76's three reports and three raw files: 7 failed checks; the
     # per-mode checks a76 would have had are not counted.
-    assert summary["failed"] == 5, proc.stderr
-    assert summary["passed"] == CHECKS - 5 - 2 * (len(MODES["digits"]) + len(MODES["text"]))
+    assert summary["failed"] == 7, proc.stderr
+    assert summary["passed"] == CHECKS - 7 - 2 * sum(len(m) for m in MODES.values())
     assert "the runs exited 1" in proc.stderr
     assert "digits on cortex-a76: no raw outputs cortex-a76-digits-raw.npz" in proc.stderr
+    assert "encoder on cortex-a76: no edge demo report cortex-a76-encoder.json" in proc.stderr
+    assert "encoder on cortex-a76: no raw outputs cortex-a76-encoder-raw.npz" in proc.stderr
     assert "| float32 | 1.0000" not in proc.stdout and "missing" in proc.stdout
 
 
 def test_summary_usage_is_exit_2(tmp_path):
     proc = _run(sys.executable, str(ARM64 / "summary.py"))
     assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def _ids_model(length: int | None) -> bytes:
+    """A LiteRT model of ids `[1, length]` (None: a dynamic sequence axis, as the encoder's)
+    that outputs `[sum of the ids, the length it ran at, the last id]`."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32)])
+    def model(ids):
+        x = tf.cast(ids, tf.float32)
+        ran_at = tf.cast(tf.shape(ids)[1], tf.float32)
+        return tf.concat(
+            [tf.reduce_sum(x, 1, keepdims=True), tf.fill([1, 1], ran_at), x[:, -1:]], 1
+        )
+
+    converter = tf.lite.TFLiteConverter.from_concrete_functions(
+        [model.get_concrete_function()], model
+    )
+    return converter.convert()
+
+
+@pytest.mark.slow  # converts two (tiny) models
+def test_raw_outputs_runs_a_dynamic_length_model_at_each_samples_own_length(tmp_path):
+    bundle, out = tmp_path / "bundle", tmp_path / "x86-64-encoder-raw.npz"
+    bundle.mkdir()
+    (bundle / "dynamic.tflite").write_bytes(_ids_model(None))
+    (bundle / "fixed.tflite").write_bytes(_ids_model(6))
+    ids = [[5, 3, 9, 0, 0, 0], [7, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6], [0] * 6, [4, 0, 2, 0, 0, 0]]
+    np.savez(bundle / "eval.npz", x=np.array(ids, np.int32))
+    manifest = {
+        "eval": {"file": "eval.npz"},
+        "models": {
+            "dynamic": {"file": "dynamic.tflite", "dynamic_length": True},
+            "float32": {"file": "fixed.tflite", "dynamic_length": False},
+        },
+    }
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    proc = _run(
+        sys.executable, str(ARM64 / "raw_outputs.py"), str(bundle), str(out),
+        env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "XNNPACK" in proc.stderr  # test.sh requires the delegate's line
+    with np.load(out) as raw:
+        assert sorted(raw.files) == ["dynamic", "float32"]
+        # Each sentence without its trailing padding (an id 0 inside stays; an empty one
+        # runs at length 1), as the device runs it; a fixed model at the full 6.
+        assert raw["dynamic"].dtype == np.float32
+        assert raw["dynamic"].tolist() == [[17, 3, 9], [7, 1, 7], [21, 6, 6], [0, 1, 0], [6, 3, 2]]
+        assert raw["float32"].tolist() == [[17, 6, 0], [7, 6, 0], [21, 6, 6], [0, 6, 0], [6, 6, 0]]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["bundle", out.name]  # no .tmp
 
 
 # --- make test-arm64's recipe, with the emulated run and the edge demo stood in for -------
@@ -312,7 +528,10 @@ esac
 exec {python} "$@"
 """
 _FAKE_TEST_SH = """#!/bin/sh
-# Stands in for .ci/arm64/test.sh: copies made-up results into OUT_DIR, exits as told.
+# Stands in for .ci/arm64/test.sh: keeps its arguments (one a line), refuses any number
+# but test.sh's six, copies made-up results into OUT_DIR, exits as told.
+printf '%s\\n' "$@" >"$FAKE_ARGS"
+[ $# -eq 6 ] || {{ echo "fake test.sh: $# arguments, not 6" >&2; exit 2; }}
 cp "$FAKE_RESULTS"/* "$1"/
 exit "${{FAKE_STATUS:-0}}"
 """
@@ -329,6 +548,7 @@ def _make_test_arm64(tmp_path, results: pathlib.Path, status: int = 0):
         edge / ".installed",
         work / "digits" / "bundle" / "manifest.json",
         work / "pronouns" / "bundle" / "manifest.json",
+        work / "encoder" / "bundle" / "manifest.json",
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
@@ -342,11 +562,23 @@ def _make_test_arm64(tmp_path, results: pathlib.Path, status: int = 0):
         f"VENV={venv}", f"EDGE_VENV={edge}", f"PY={sys.executable}", f"EDGE_PY={fake_python}",
         f"ARM64_WORK={work}", f"ARM64_TEST_SH={fake_test}", f"ARM64_CPUS={' '.join(CPUS)}",
     ]  # fmt: skip
-    env = {**os.environ, "FAKE_RESULTS": str(results), "FAKE_STATUS": str(status)}
-    # As root, the real test.sh installs packages and mounts: run only what the stand-ins cover.
+    env = {
+        **os.environ,
+        "FAKE_RESULTS": str(results),
+        "FAKE_STATUS": str(status),
+        "FAKE_ARGS": str(tmp_path / "test-sh-args.txt"),
+    }
+    # As root, the real test.sh installs packages and mounts: run only what the stand-ins cover
+    # (and nothing that trains, imports or exports a model).
     dry = subprocess.run([*command, "-n"], cwd=REPO, env=env, capture_output=True, text=True)
     assert dry.returncode == 0 and str(fake_test) in dry.stdout, dry.stdout + dry.stderr
-    assert ".ci/arm64/test.sh" not in dry.stdout and "keras_mha.train" not in dry.stdout, dry.stdout
+    for never in (
+        ".ci/arm64/test.sh",
+        "keras_mha.train",
+        "keras_mha.pretrained",
+        "keras_mha_export",
+    ):
+        assert never not in dry.stdout, dry.stdout
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=False)
 
 
@@ -361,7 +593,19 @@ def test_make_test_arm64_passes_and_writes_summary_json(tmp_path):
         "failed": 0,
         "skipped": 0,
     }
-    assert "| int8 | 7 of 3600; max 6 quanta" in (out / "tables.md").read_text()
+    tables = (out / "tables.md").read_text()
+    assert "| int8 | 7 of 3600; max 6 quanta" in tables
+    assert "| dynamic | 14976 of 149376; max 0.0005; min cosine 0.999982 | " in tables
+    # test.sh got its six arguments: the results, the three bundles, the sentence, the query.
+    work = tmp_path / "work"
+    assert (tmp_path / "test-sh-args.txt").read_text().splitlines() == [
+        str(out),
+        str(work / "digits" / "bundle"),
+        str(work / "pronouns" / "bundle"),
+        str(work / "encoder" / "bundle"),
+        "the model didn't work with the laptop because it was too complex",
+        "Will it rain in the hills tomorrow?",
+    ]
 
 
 def test_make_test_arm64_fails_when_a_raw_output_gate_fails(tmp_path):

@@ -252,5 +252,40 @@ def test_the_device_searches_and_embeds_without_tensorflow(tiny_bundle, tiny, tm
     vectors = np.load(tmp_path / "v.npy")
     assert vectors.shape == (4, SHAPE["hidden"])
     assert np.abs(vectors - tiny["ref"]["embeddings"][:4]).max() <= TOLERANCE
-    done = _edge(bundle, "--sample", "0")
-    assert done.returncode == 2 and "has no classes" in done.stderr
+    done = _edge(bundle, "--quant", "float32", "--sample", "3")
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.split("float32: nearest")[1].splitlines()[3]
+    assert first.split(maxsplit=1)[0] == "1.000"  # eval sentence 3 finds itself
+
+
+def _page_data(path: pathlib.Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    start = text.index('id="attention-data">') + len('id="attention-data">')
+    return json.loads(text[start : text.index("</script>", start)])
+
+
+def test_the_device_shows_the_encoders_heads(tiny_bundle, tmp_path):
+    """--view on an encoder bundle: word pieces, every layer's heads, no prediction;
+    for an eval sentence, the float Keras reference beside the device's weights."""
+    bundle = tiny_bundle["bundle"]
+    manifest = tiny_bundle["manifest"]
+    assert manifest.attention is not None and manifest.attention.layers == SHAPE["layers"]
+    for entry in manifest.models.values():
+        assert entry.attention is not None and entry.attention.parity.argmax_agreement >= 0.98
+    sentence = "The animal didn't cross the street because it was too tired."
+    page = tmp_path / "lesson.html"
+    done = _edge(bundle, "--quant", "float32", "--text", sentence, "--view", page)
+    assert done.returncode == 0, done.stderr
+    data = _page_data(page)
+    assert data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
+    assert data["tokens"][data["initial_query"]] == "it"
+    assert data["heads"] == [SHAPE["heads"]] * SHAPE["layers"]
+    assert data["prediction"] is None and data["labels"] == []
+    rows = np.asarray(data["device"][0]).sum(-1)  # every query row of layer 0 sums to 1
+    assert np.abs(rows - 1).max() <= 1e-3
+    page = tmp_path / "sample.html"
+    done = _edge(bundle, "--quant", "float32", "--sample", "0", "--view", page)
+    assert done.returncode == 0, done.stderr
+    data = _page_data(page)
+    assert data["reference"] is not None
+    assert max(row["max_abs_diff"] for row in data["parity"]) <= 1e-4

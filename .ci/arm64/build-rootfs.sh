@@ -13,9 +13,12 @@ archive=${1:?usage: build-rootfs.sh ARCHIVE}
 host_python=${HOST_PYTHON:-python3}
 # The same versions as .venv-edge (edge_demo/requirements.txt resolved on x86-64):
 # ai-edge-litert 2.3.0 requires numpy, ml_dtypes, flatbuffers, protobuf, tqdm,
-# typing-extensions and backports.strenum.
+# typing-extensions and backports.strenum. tokenizers (embedding bundles'
+# WordPiece) declares huggingface-hub, which it imports only to download
+# tokenizers: the device never does, so it is left out.
 wheels=(numpy==2.4.6 ai-edge-litert==2.3.0 ml_dtypes==0.6.0 flatbuffers==25.12.19
-    protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0 backports.strenum==1.2.8)
+    protobuf==7.36.2 tqdm==4.70.1 typing_extensions==4.16.0 backports.strenum==1.2.8
+    tokenizers==0.23.3)
 packages=python3,python3-venv,ca-certificates
 
 # The Debian mirror apt uses here (deb822 "URIs:" or a one-line "deb URI ...").
@@ -49,13 +52,17 @@ chroot "$root" /debootstrap/debootstrap --second-stage
 
 echo "build-rootfs: wheels for aarch64 (downloaded here: pip has no CA bundle in the chroot)"
 mkdir -p "$root/tmp/wheels"
+# pip does not widen an explicit --platform to older glibc tags: tokenizers
+# ships manylinux_2_17 (and abi3) wheels only.
 "$host_python" -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_27_aarch64 \
-    --python-version 3.11 --implementation cp --abi cp311 -d "$root/tmp/wheels" "${wheels[@]}"
+    --platform manylinux_2_17_aarch64 --python-version 3.11 --implementation cp --abi cp311 \
+    --abi abi3 -d "$root/tmp/wheels" "${wheels[@]}"
 mount -t proc proc "$root/proc"
 mount --bind /dev "$root/dev"
 chroot "$root" /usr/bin/python3 -m venv /opt/edge
-chroot "$root" /opt/edge/bin/python -m pip install -q --no-index --find-links /tmp/wheels "${wheels[@]}"
-chroot "$root" /opt/edge/bin/python -c "import numpy, ai_edge_litert.interpreter; print('build-rootfs: numpy', numpy.__version__)"
+# --no-deps: every package is listed above (tokenizers' huggingface-hub left out on purpose).
+chroot "$root" /opt/edge/bin/python -m pip install -q --no-deps --no-index --find-links /tmp/wheels "${wheels[@]}"
+chroot "$root" /opt/edge/bin/python -c "import numpy, ai_edge_litert.interpreter, tokenizers; print('build-rootfs: numpy', numpy.__version__, 'tokenizers', tokenizers.__version__)"
 umount "$root/dev" "$root/proc"
 rm -rf "$root/tmp/wheels" "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"* "$root/root/.cache"
 

@@ -2,7 +2,9 @@
 
 usage: python3 raw_outputs.py BUNDLE OUT.npz   (from a folder holding edge_demo/)
 
-Each mode's model runs every eval sample at batch 1 with LiteRT's default
+Each mode's model runs every eval sample at batch 1 (a dynamic sequence
+axis, an embedding model's: at the sample's own length, as the device runs
+it) with LiteRT's default
 delegate (XNNPACK, whose "Created ... XNNPACK delegate" line on stderr is
 left visible: test.sh requires it); the raw output tensor (int8, int16 or
 float32, before dequantization) is saved under the mode's name.
@@ -18,6 +20,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
 from edge_demo.contract.tensors import TensorSpec
+from edge_demo.runtimes.model import EdgeModel
 
 
 def main(bundle: pathlib.Path, out: pathlib.Path) -> int:
@@ -31,8 +34,13 @@ def main(bundle: pathlib.Path, out: pathlib.Path) -> int:
         )
         interpreter.allocate_tensors()
         (inp,), (outp,) = interpreter.get_input_details(), interpreter.get_output_details()
+        lengths = EdgeModel.own_lengths(x) if entry.get("dynamic_length") else None
         rows = []
-        for sample in TensorSpec.from_detail(inp).quantize(x):
+        for i, sample in enumerate(TensorSpec.from_detail(inp).quantize(x)):
+            if lengths is not None:
+                sample = sample[: lengths[i]]
+                interpreter.resize_tensor_input(inp["index"], [1, int(lengths[i])])
+                interpreter.allocate_tensors()
             interpreter.set_tensor(inp["index"], sample[None])
             interpreter.invoke()
             rows.append(interpreter.get_tensor(outp["index"])[0].copy())

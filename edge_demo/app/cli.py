@@ -216,10 +216,6 @@ def _check_request(bundle, options: DemoOptions) -> None:
     from .head_view import check_view_path
 
     if bundle.embedding:
-        if options.sample is not None:
-            raise UsageError('an embedding bundle has no classes; use --text "..."', "--sample")
-        if options.view is not None:
-            raise UsageError("the head view of an embedding bundle is not built yet", "--view")
         if options.out is not None:
             check_output(options.out, "--out", protected=bundle.root)
     elif options.embed is not None:
@@ -266,15 +262,17 @@ def run(options: DemoOptions) -> int:
         if bundle.manifest.models[mode].verified is False:
             print(f"note: manifest.json marks {mode} as not verified at export")
     plan = plan_modes(bundle, runtime)
-    if bundle.embedding and (options.text is not None or options.embed is not None):
-        from .search import run_embed, run_search
+    if bundle.embedding and options.embed is not None:
+        from .search import run_embed
 
-        return (run_search if options.text is not None else run_embed)(
-            bundle, runtime, options, plan
-        )
+        return run_embed(bundle, runtime, options, plan)
     if options.view is not None:
         view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
-    if options.text is not None:
+    if bundle.embedding and (options.text is not None or options.sample is not None):
+        from .search import run_search
+
+        (code, x), dropped = run_search(bundle, runtime, options, plan), ()
+    elif options.text is not None:
         code, x, dropped = run_text(bundle, runtime, options, plan)
     elif options.sample is not None:
         code, x, dropped = run_sample(bundle, runtime, options, plan), None, ()

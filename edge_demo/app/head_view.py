@@ -74,6 +74,8 @@ def write_view(
     """Run input `x` (one sample) through `mode` and write the page; returns notes printed."""
     entry = bundle.manifest.models[mode]
     check = entry.attention
+    if bundle.embedding:  # the sentence at its own length, as the device embeds it
+        x = x[: int(EdgeModel.own_lengths(x[None])[0])]
     model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
     try:
         model.check_manifest(entry)
@@ -97,8 +99,9 @@ def write_view(
     reference = reference_probs = None
     if sample is not None and bundle.attention is not None:
         if sample < bundle.attention[0].shape[0]:
+            # the reference is at eval.npz's width; the page crops to the tokens
             reference = [layer[sample] for layer in bundle.attention]
-            reference_probs = bundle.eval.probs[sample]
+            reference_probs = None if bundle.embedding else bundle.eval.probs[sample]
         else:
             notes.append(
                 f"no float Keras reference: attention.npz holds eval samples "
@@ -110,6 +113,8 @@ def write_view(
             "eval sample with its reference, or keras-mha-heads view RUN_DIR)"
         )
     labels = list(bundle.labels)
+    if bundle.embedding:
+        probs = None  # a sentence vector: the page shows no prediction
     common = {
         "device": device,
         "labels": labels,
@@ -118,9 +123,23 @@ def write_view(
         "reference_probs": reference_probs,
         "mode": mode,
         "notes": notes,
-        "true_label": None if sample is None else labels[int(bundle.eval.y[sample])],
+        "true_label": None
+        if sample is None or bundle.embedding
+        else labels[int(bundle.eval.y[sample])],
     }
-    if bundle.vocab is not None:
+    if bundle.embedding:
+        vocabulary = bundle.tokenizer.tokenizer
+        tokens = [vocabulary.id_to_token(int(i)) or "?" for i in x]  # word pieces
+        sentence = text if text is not None else bundle.texts[sample]
+        data = ViewData(
+            tokens=tokens,
+            input_kind="text",
+            text=sentence,
+            title=f'{mode}: "{sentence}"',
+            initial_query=initial_query(tokens),
+            **common,
+        )
+    elif bundle.vocab is not None:
         tokens = bundle.vocab.decode(x)
         sentence = text if text is not None else " ".join(tokens)
         data = ViewData(

@@ -57,11 +57,17 @@ def _tokenize(bundle: Bundle, texts: list[str], flag: str) -> np.ndarray:
     return ids
 
 
-def run_search(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
-    """`--text`: the eval sentences nearest to the text, per runnable mode."""
-    ids = _tokenize(bundle, [options.text], "--text")
-    pieces, _ = bundle.tokenizer.pieces(options.text)
-    print(f'\ntext: "{safe(options.text, 500)}"')
+def run_search(
+    bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict
+) -> tuple[int, np.ndarray]:
+    """`--text` (or `--sample N`, eval sentence N): the eval sentences nearest to it, per
+    runnable mode. Returns (exit code, the sentence's token ids)."""
+    flag = "--text" if options.text is not None else "--sample"
+    sentence = options.text if options.text is not None else bundle.texts[options.sample]
+    ids = _tokenize(bundle, [sentence], flag)
+    pieces, _ = bundle.tokenizer.pieces(sentence)
+    what = "text" if options.text is not None else f"eval sentence {options.sample}"
+    print(f'\n{what}: "{safe(sentence, 500)}"')
     print(f"word pieces ({len(pieces)}): {' '.join(safe(p, 40) for p in pieces)}")
     errors = []
     for mode in _runnable(plan):
@@ -80,7 +86,7 @@ def run_search(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
             print(f"{mode}: {skipped.status}: {skipped.reason or '; '.join(skipped.failures)}")
     for note in errors:
         print(note)
-    return 1 if errors else 0
+    return (1 if errors else 0), ids[0]
 
 
 def read_lines(path: pathlib.Path) -> list[str]:

@@ -154,6 +154,8 @@ class EdgeModel:
             if name not in self.interpreter.get_signature_list():
                 raise UsageError(f"the model has no signature {name!r}", self.where)
             runner = self.interpreter.get_signature_runner(name)
+            if self.dynamic_length:  # its tensors are described at the manifest's width
+                runner(**{input_name: np.zeros(input_spec.shape, input_spec.dtype)})
             details = runner.get_input_details(), runner.get_output_details()
         except (RuntimeError, ValueError, AttributeError) as exc:
             raise InferenceError(

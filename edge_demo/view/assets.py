@@ -85,8 +85,13 @@ SCRIPT = r"""
   const summary = document.getElementById("summary");
   const p = D.prediction;
   summary.innerHTML = "";
-  summary.append("mode ", el("b", {}, D.mode), " \u00b7 predicted ", el("b", {id: "prediction"}, p.label),
-                 " (confidence " + fmt(p.confidence, 4) + ")");
+  if (p) {
+    summary.append("mode ", el("b", {}, D.mode), " \u00b7 predicted ", el("b", {id: "prediction"}, p.label),
+                   " (confidence " + fmt(p.confidence, 4) + ")");
+  } else {
+    summary.append("mode ", el("b", {}, D.mode), " \u00b7 ",
+                   el("b", {id: "prediction"}, "a sentence encoder"), " (no classes)");
+  }
   if (D.reference_prediction) {
     const r = D.reference_prediction;
     summary.append(" \u00b7 reference ", el("b", {}, r.label), " (" + fmt(r.confidence, 4) + ")");

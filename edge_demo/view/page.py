@@ -46,8 +46,9 @@ class ViewData:
             model input padded beyond them is cropped to `n`.
         device: One `(h, T, T)` float array per layer: the attention weights
             of the mode shown (dequantized), `T >= n`.
-        labels: Class names, index = class id.
-        probs: `(C,)` class probabilities of the mode shown.
+        labels: Class names, index = class id; empty for a sentence
+            encoder (no prediction is shown).
+        probs: `(C,)` class probabilities of the mode shown (None for an encoder).
         reference: Optional, like `device`: the float Keras model's weights.
         reference_probs: Optional `(C,)` probabilities of the reference.
         input_kind: `"pixels"` (then `pixels`, `(rows, cols)`, one row per
@@ -136,8 +137,8 @@ def page_data(data: ViewData) -> dict:
     padding = int(np.asarray(data.device[0]).shape[-1]) - n
     reference = None if data.reference is None else _layers("reference", data.reference, n)
     labels = [str(label) for label in data.labels]
-    if len(labels) < 2:
-        raise _invalid("labels", "at least two class names", labels)
+    if len(labels) == 1:
+        raise _invalid("labels", "at least two class names, or none (an encoder)", labels)
     if data.input_kind not in INPUT_KINDS:
         raise _invalid("input_kind", f"one of {INPUT_KINDS}", repr(data.input_kind))
     source = {"kind": data.input_kind, "text": data.text}
@@ -153,15 +154,17 @@ def page_data(data: ViewData) -> dict:
         raise _invalid("initial_query", f"a token index in [0, {n})", data.initial_query)
     if not 0 <= int(data.initial_layer) < len(device):
         raise _invalid("initial_layer", f"a layer index in [0, {len(device)})", data.initial_layer)
-    probs = _probs("probs", data.probs, len(labels))
+    probs = _probs("probs", data.probs, len(labels)) if labels else None
 
-    def prediction(p: list[float]) -> dict:
+    def prediction(p: list[float] | None) -> dict | None:
+        if p is None:
+            return None
         best = int(np.argmax(p))
         return {"index": best, "label": labels[best], "confidence": p[best]}
 
     reference_probs = (
         None
-        if data.reference_probs is None
+        if data.reference_probs is None or not labels
         else _probs("reference_probs", data.reference_probs, len(labels))
     )
     return {
