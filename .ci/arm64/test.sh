@@ -147,7 +147,12 @@ for cpu in $cpus; do
     in_arm "$cpu" "$out/$cpu-encoder-query.err" python3 -m edge_demo bundles/encoder --text "$query" |
         tee "$out/$cpu-encoder-query.txt" || fail "encoder --text as $cpu exited $?"
     check_stderr "$out/$cpu-encoder-query.err"
-    cp "$app/out/"*.json "$app/out/"*.npz "$out/"
+    printf '%s\n' "$query" "$sentence" >"$app/sentences.txt"
+    in_arm "$cpu" "$out/$cpu-encoder-embed.err" python3 -m edge_demo bundles/encoder \
+        --embed sentences.txt --out "out/$cpu-encoder-embed.npy" || fail "encoder --embed as $cpu exited $?"
+    check_stderr "$out/$cpu-encoder-embed.err"
+    [ -s "$app/out/$cpu-encoder-embed.npy" ] || fail "encoder --embed as $cpu wrote no vectors"
+    cp "$app/out/"*.json "$app/out/"*.npz "$app/out/"*.npy "$out/"
     umount "$root/proc/cpuinfo"
 done
 echo "test-arm64: PASS: edge demo exit 0 on digits, text and encoder as ${cpus// /, }"
