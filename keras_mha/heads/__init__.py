@@ -7,6 +7,7 @@
 - `reconstruction`: `trace`, `refit`, `reconstruct` (least squares after pruning).
 - `finetune`: a little more training, the way the run was trained.
 - `statistics`: `paired_drop` (bootstrap), per-cue accuracy.
+- `coref`: the coreference probe (which heads look from a pronoun at its referent).
 - `plotting`: the PNGs.
 - `commands` and `cli`: `keras-mha-heads` / `python -m keras_mha.heads`.
 """

@@ -7,6 +7,7 @@
                           [--overwrite]
     keras-mha-heads plot RUN_DIR --sample N
     keras-mha-heads view RUN_DIR --sample N [--out FILE.html]
+    keras-mha-heads coref RUN_DIR [--sentences 500] [--seed 0] [--bootstrap 1000] [--json OUT]
 
 Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
 Better than One?": each head h gets a mask xi_h on its output (1 = on), and
@@ -24,6 +25,13 @@ Then, unless `--no-reconstruct`, the maps after the removed heads (W^O, the
 FFN's output Dense, the classifier) are refit by least squares so that the
 smaller model's activations are fit to the original's on the training split
 (no labels, no gradient steps), and `--finetune-epochs` trains it further.
+
+`coref` probes any model that reads words, a trained pronouns classifier or
+an encoder imported by keras-mha-import: on generated pronoun sentences
+(keras_mha.data), each head picks the candidate noun the pronoun's query row
+weighs most (a noun's word pieces summed); its accuracy against the referent,
+per cue and with a bootstrap interval, beside the nearest-noun, first-noun
+and chance baselines (keras_mha.heads.coref).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import argparse
 
 from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
 from keras_mha.quiet import import_tensorflow
-from keras_mha_edge.errors import Parser, nonnegative_int, run_main
+from keras_mha_edge.errors import Parser, nonnegative_int, positive_int, run_main
 
 PROG = "keras-mha-heads"
 
@@ -97,6 +105,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default=None, help="HTML path (default RUN_DIR/heads/view_sampleN.html)"
     )
+    p = sub.add_parser(
+        "coref", help="coreference probe: which heads look from a pronoun at its referent"
+    )
+    p.add_argument("run_dir", help="a pronouns run or an embedding run (keras-mha-import)")
+    p.add_argument(
+        "--sentences", type=positive_int, default=500, help="generated sentences (default 500)"
+    )
+    p.add_argument(
+        "--seed",
+        type=nonnegative_int,
+        default=0,
+        help="seed of the sentences and of the bootstrap (default 0)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=positive_int,
+        default=1000,
+        help="bootstrap resamples of the sentences for the 95 %% intervals (default 1000)",
+    )
+    p.add_argument("--json", default=None, help="also write the whole table here (JSON)")
     return parser
 
 

@@ -1,8 +1,9 @@
-"""The five commands of keras-mha-heads, each `cmd_NAME(args) -> exit status`.
+"""The six commands of keras-mha-heads, each `cmd_NAME(args) -> exit status`.
 
 Each reads its run through `keras_mha.rundir`, computes with the library
 rooms of this package and writes JSON and PNGs into `RUN_DIR/heads/` (or a
-new run directory for `prune`), always atomically.
+new run directory for `prune`; `coref` writes only its `--json`), always
+atomically.
 """
 
 from __future__ import annotations
@@ -323,3 +324,204 @@ def cmd_view(args: argparse.Namespace) -> int:
     write_html(out, data)
     print(f"wrote {out}")
     return 0
+
+
+# ------------------------------------------------------------------- coref
+MAX_SENTENCES = 20_000
+_BATCH = 64
+_LESSON_HEADS = 5  # the lesson sentence's line shows the best heads
+
+
+@dataclasses.dataclass
+class _TokenModel:
+    """A model that reads text: the pieces of a sentence and its attention per layer."""
+
+    kind: str  # "embedding" (an imported encoder) or "classification"
+    offsets: object  # text -> each token's (start, end) characters
+    attention: object  # texts -> (per sentence, per layer (h, T, T); predictions or None)
+    unknown: object  # text -> the words the tokenizer does not know
+
+
+def _token_model(run_dir: str) -> _TokenModel:
+    """The imported encoder or a trained token classifier, whichever RUN_DIR holds."""
+    from keras import ops
+
+    from keras_mha.rundir.embedding import TASK, read_embedding_run, task_of
+
+    def per_sentence(weights) -> list[list[np.ndarray]]:
+        weights = [ops.convert_to_numpy(w) for w in weights]
+        return [[w[b] for w in weights] for b in range(len(weights[0]))]
+
+    if task_of(pathlib.Path(run_dir)) == TASK:
+        from keras_mha.pretrained.bert import encoder_forward
+
+        run = read_embedding_run(run_dir)
+        model = run.load_model()
+        pieces = run.tokenizer.tokenizer
+
+        def attention(texts):
+            ids, _ = run.tokenizer.encode(texts)
+            _, weights = encoder_forward(model, ids, return_attention=True)
+            return per_sentence(weights), None
+
+        def unknown(text):
+            encoding = pieces.encode(text)
+            return tuple(
+                text[s:e] for t, (s, e) in zip(encoding.tokens, encoding.offsets) if t == "[UNK]"
+            )
+
+        return _TokenModel(TASK, lambda text: pieces.encode(text).offsets, attention, unknown)
+
+    from keras_mha.heads.coref import word_offsets
+    from keras_mha.model import forward
+
+    run = read_run(run_dir)
+    if run.vocab is None:
+        raise UsageError(
+            "has no vocab.json: the coreference probe needs a model that reads words "
+            "(a pronouns run, or an encoder from keras-mha-import)",
+            run_dir,
+        )
+    vocab = run.vocab
+    model = run.load_model()
+
+    def attention(texts):
+        probs, weights = forward(model, vocab.encode(texts), return_attention_scores=True)
+        return per_sentence(weights), ops.convert_to_numpy(probs).argmax(-1)
+
+    return _TokenModel(
+        "classification",
+        lambda text: word_offsets(text, vocab.token_pattern, vocab.max_length),
+        attention,
+        lambda text: vocab.analyze(text).unknown,
+    )
+
+
+def cmd_coref(args: argparse.Namespace) -> int:
+    """Which heads look from the pronoun at its referent (keras_mha.heads.coref)."""
+    from keras_mha.data import generate_pronouns
+    from keras_mha.heads import coref
+
+    if not 1 <= args.sentences <= MAX_SENTENCES:
+        raise UsageError(f"--sentences must be in [1, {MAX_SENTENCES}]; got {args.sentences}")
+    if args.json is not None:
+        check_writable(args.json, "--json")
+    tm = _token_model(args.run_dir)
+    texts, labels, cues, counts = generate_pronouns(args.sentences, args.seed)
+    sentences = [coref.parse_sentence(*row) for row in zip(texts, labels.tolist(), cues.tolist())]
+    assert [len(s.candidates) for s in sentences] == counts.tolist()  # the grammar's nouns
+    lesson = coref.parse_sentence(coref.LESSON, coref.LESSON_LABEL)
+    pronouns, candidates, weights, correct = [], [], [], []
+    heads_per_layer = None
+    everything = [*sentences, lesson]
+    for start in range(0, len(everything), _BATCH):
+        batch = everything[start : start + _BATCH]
+        attention, predicted = tm.attention([s.text for s in batch])
+        for i, (s, a) in enumerate(zip(batch, attention)):
+            try:
+                pronoun, nouns = coref.token_spans(s, tm.offsets(s.text))
+            except ValueError as error:
+                raise UsageError(str(error), args.run_dir) from None
+            heads_per_layer = heads_per_layer or [int(layer.shape[0]) for layer in a]
+            pronouns.append(pronoun)
+            candidates.append(nouns)
+            weights.append(coref.candidate_weights(a, pronoun, nouns))
+            if predicted is not None and s is not lesson:
+                correct.append(int(predicted[i]) == s.label)
+    lesson_weights = weights.pop()
+    pronouns.pop()
+    candidates.pop()
+    result = coref.score_weights(
+        weights, pronouns, candidates, labels, cues, heads_per_layer, args.bootstrap, args.seed
+    )
+    record = _lesson_record(
+        lesson, lesson_weights, heads_per_layer, result, tm.unknown(lesson.text)
+    )
+    model_accuracy = float(np.mean(correct)) if correct else None
+    _print_coref(result, record, tm.kind, model_accuracy, args.seed)
+    if args.json is not None:
+        write_json_atomic(
+            args.json,
+            {
+                "run": str(args.run_dir),
+                "model": tm.kind,
+                "heads_per_layer": heads_per_layer,
+                "seed": args.seed,
+                "model_accuracy": model_accuracy,
+                **result.to_json(),
+                "lesson": record,
+            },
+        )
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _lesson_record(lesson, weights: np.ndarray, heads_per_layer, result, unknown) -> dict:
+    """The lesson sentence's weights from "it" onto its two nouns, every head, best first."""
+    from keras_mha.heads.coref import head_names
+
+    pronoun, nouns = lesson.words()
+    flat = {name: j for j, name in enumerate(head_names(heads_per_layer))}
+    rows = []
+    for h in result.heads:
+        w = weights[flat[h.layer, h.head]]
+        rows.append({"name": h.name, **{n: float(v) for n, v in zip(nouns, w)}})
+    return {
+        "text": lesson.text,
+        "pronoun": pronoun,
+        "candidates": nouns,
+        "referent": nouns[lesson.label],
+        "unknown_words": list(unknown),
+        "heads_picking_referent": int((weights.argmax(-1) == lesson.label).sum()),
+        "heads": rows,
+    }
+
+
+def _print_coref(result, lesson: dict, kind: str, model_accuracy, seed: int) -> None:
+    cues = ", ".join(f"{c} {n}" for c, n in result.cues.items())
+    total = len(result.heads)
+    print(
+        f"coreference probe ({kind} model): {result.sentences} pronoun sentences "
+        f"(seed {seed}; {cues}), {total} heads, 95 % intervals from "
+        f"{result.resamples} bootstrap resamples"
+    )
+    if model_accuracy is not None:
+        print(f"the classifier's own accuracy on these sentences: {model_accuracy:.3f}")
+    names = list(result.cues)
+    header = f"{'head':<13} {'accuracy':>8} {'95 % interval':>13}" + "".join(
+        f" {c:>8}" for c in names
+    )
+    print(header)
+
+    def line(s) -> str:
+        low, high = s.ci95
+        return f"{s.name:<13} {s.accuracy:8.3f} {low:6.3f}-{high:<6.3f}" + "".join(
+            f" {s.by_cue[c]:8.3f}" for c in names
+        )
+
+    for s in result.heads[:10]:
+        print(line(s))
+    if total > 10:
+        print(f"... {total - 10} more heads")
+    for s in result.baselines:
+        print(line(s))
+    above, surely = result.beating()
+    print(
+        f"{above} of {total} heads beat the nearest noun "
+        f"({surely} with the whole interval above it)"
+    )
+    nouns = lesson["candidates"]
+    shown = ", ".join(
+        f"{h['name']} " + " / ".join(f"{h[n]:.2f}" for n in nouns)
+        for h in lesson["heads"][:_LESSON_HEADS]
+    )
+    print(
+        f'lesson: "{lesson["text"]}" weight of "{lesson["pronoun"]}" on '
+        f"{' / '.join(nouns)}: {shown}; {lesson['heads_picking_referent']} of {total} heads "
+        f"pick {lesson['referent']}"
+        + (
+            f" (unknown to the tokenizer: {', '.join(lesson['unknown_words'])})"
+            if lesson["unknown_words"]
+            else ""
+        )
+    )
