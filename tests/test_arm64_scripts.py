@@ -117,7 +117,6 @@ CHECKS = 1 + sum(3 * (1 + len(m)) + 1 + 2 + 2 * len(m) for m in MODES.values())
 # The encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
 # one 384-element unit vector each.
 SENTENCES, WIDTH = 389, 384
-QUANTUM = 1 / 256  # RAW_BOUNDS["dynamic"].max_abs
 # The edge demo's figures for the dynamic encoder on x86-64 (docs/pretrained.md).
 ENCODER_REPORT = {
     "passed": True,
@@ -158,10 +157,11 @@ def _reference(bundle: str, rng) -> dict[str, np.ndarray]:
 def _as_measured(bundle: str, raw: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A CPU's raw outputs as make test-arm64 measured them (summary.py's RAW_BOUNDS comment).
 
-    The encoder is not measured on ARM yet: here every tenth sentence's vector
-    (rows 0, 10, ..., 380: 39 of 389) moves by up to 5e-4 per element, about
-    1/8 of RAW_BOUNDS' 1/256 (cosine to x86-64's about 0.99998, against 0.999),
-    and the other vectors are x86-64's bit for bit.
+    The encoder: every tenth sentence's vector (rows 0, 10, ..., 380: 39 of 389)
+    moves by up to 5e-4 per element (cosine to x86-64's about 0.99998); the
+    bound is the reports' own error against the float model (min cosine
+    0.992629, max |Δ| 0.0213), which make test-arm64 met with 0.997020 and
+    0.0131 on an Intel Xeon host.
     """
     arm = {mode: values.copy() for mode, values in raw.items()}
     if bundle == "encoder":
@@ -314,14 +314,21 @@ def _mode_missing(machine, bundle, raw, report):
         del raw["float16"]
 
 
-def _encoder_turned(machine, bundle, raw, report):  # cosine 0.9985, every element within 1/256
+def _encoder_turned(machine, bundle, raw, report):  # cosine 0.99, every element within 0.0213
     if machine == "cortex-a76" and bundle == "encoder":
-        raw["dynamic"][17] = _turned(raw["dynamic"][17], 0.9985)  # elements up to 0.0032 off
+        raw["dynamic"][17] = _turned(raw["dynamic"][17], 0.99)  # elements up to ~0.009 off
 
 
-def _encoder_past_a_quantum(machine, bundle, raw, report):  # one element, 1/256 + a little
+def _encoder_past_the_float_error(machine, bundle, raw, report):  # one element 0.025 off
     if machine == "cortex-a72" and bundle == "encoder":
-        raw["dynamic"][23, 5] += np.float32(0.0045)
+        raw["dynamic"][23, 5] += np.float32(0.025)
+
+
+def _encoder_worse_report(machine, bundle, raw, report):  # a76 says it is closer to float...
+    if machine == "cortex-a76" and bundle == "encoder":
+        report["modes"]["dynamic"].update(min_cosine=0.99999, max_abs_diff=0.0002)
+    if machine == "x86-64" and bundle == "encoder":  # ...and so does x86-64: the bound tightens
+        report["modes"]["dynamic"].update(min_cosine=0.999995, max_abs_diff=0.0001)
 
 
 def _encoder_nan(machine, bundle, raw, report):
@@ -374,18 +381,27 @@ def _encoder_padded(machine, bundle, raw, report):  # a vector per sentence, one
         (
             _encoder_turned,
             1,
-            "encoder dynamic on cortex-a76 vs x86-64: min cosine 0.998500 (at least 0.999)\n",
+            "encoder dynamic on cortex-a76 vs x86-64: min cosine 0.990000 (at least 0.992629, "
+            "the worse machine's against the float model)\n",
         ),
         (
-            _encoder_past_a_quantum,
+            _encoder_past_the_float_error,
             1,
-            "encoder dynamic on cortex-a72 vs x86-64: max |Δ| 0.0045 (at most 0.00390625)\n",
+            "encoder dynamic on cortex-a72 vs x86-64: max |Δ| 0.025 (at most 0.0213, "
+            "the worse machine's against the float model)\n",
+        ),
+        (
+            _encoder_worse_report,
+            1,
+            "encoder dynamic on cortex-a76 vs x86-64: min cosine 0.999982 (at least 0.999990, "
+            "the worse machine's against the float model); max |Δ| 0.0005 (at most 0.0002, ",
         ),
         (
             _encoder_nan,
             1,
-            "encoder dynamic on cortex-a76 vs x86-64: min cosine nan (at least 0.999); "
-            "max |Δ| inf (at most 0.00390625)\n",
+            "encoder dynamic on cortex-a76 vs x86-64: min cosine nan (at least 0.992629, the "
+            "worse machine's against the float model); max |Δ| inf (at most 0.0213, the worse "
+            "machine's against the float model)\n",
         ),
         (_encoder_failed, 1, "encoder dynamic on cortex-a72: missed the manifest's thresholds"),
         (_encoder_missing, 2, "encoder dynamic on cortex-a76: not in the report"),
@@ -411,7 +427,8 @@ def test_summary_fails_beyond_a_bound(tmp_path, edit, failed, message):
 def test_summary_passes_at_the_bounds(tmp_path):
     """1 % of the int8 values 24 quanta off with 3 top-1 flips, floats 4e-6 off: still a pass.
 
-    The encoder: a vector at cosine 0.999001 to x86-64's, and an element exactly 1/256 off.
+    The encoder: a vector at cosine 0.99263 to x86-64's and an element 0.0212 off, within
+    the reports' own error against the float model (0.992629, 0.0213).
     """
 
     def at_the_bounds(machine, bundle, raw, report):
@@ -423,11 +440,8 @@ def test_summary_passes_at_the_bounds(tmp_path):
             raw["dynamic"][2, 2] += np.float32(4.33e-6)  # as measured on an Intel Xeon host
         if machine == "cortex-a72" and bundle == "encoder":  # rows 31 and 42: x86-64's so far
             vectors = raw["dynamic"]
-            vectors[31] = _turned(vectors[31], 0.999001)
-            # An element from 1/16 to 1/8: adding 1/256 to it is exact in float32.
-            column = int(np.argmax((vectors[42] >= 1 / 16) & (vectors[42] < 1 / 8 - QUANTUM)))
-            assert 1 / 16 <= vectors[42, column] < 1 / 8 - QUANTUM
-            vectors[42, column] += np.float32(QUANTUM)
+            vectors[31] = _turned(vectors[31], 0.99263)  # the reports' min cosine: 0.992629
+            vectors[42, 7] += np.float32(0.0212)  # their max |Δ|: 0.0213
 
     out = _write_results(tmp_path / "results", at_the_bounds)
     proc = _summary(out)
@@ -438,9 +452,8 @@ def test_summary_passes_at_the_bounds(tmp_path):
         np.load(out / "cortex-a72-encoder-raw.npz") as arm,
     ):
         delta = np.abs(arm["dynamic"].astype(np.float64) - x86["dynamic"])
-    assert delta.max() == QUANTUM  # exactly the bound, not a hair under it
-    cell = f"{14976 + 384 + 1} of 149376; max 0.00391; min cosine 0.999001"
-    assert f"| dynamic | {cell} | " in proc.stdout
+    assert 0.0211 < delta.max() <= 0.0213
+    assert "min cosine 0.992630" in proc.stdout
 
 
 def test_summary_counts_a_failed_run_and_missing_files(tmp_path):
