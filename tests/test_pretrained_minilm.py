@@ -111,3 +111,21 @@ def test_minilm_searches_on_the_device(minilm_bundle):
     assert done.returncode == 0, done.stderr
     table = done.stdout.split("dynamic: nearest")[1].splitlines()[3:8]
     assert any("rain" in row or "forecast" in row.lower() for row in table[:3]), table
+
+
+def test_wordpiece_ids_equal_transformers_on_the_whole_corpus(minilm, tmp_path):
+    """The device's tokenizer (HF tokenizers on tokenizer.json, no padding, truncation at
+    128) gives transformers' ids for every sentence of the corpus."""
+    from keras_mha.pretrained import load
+
+    every = corpus.sentences()
+    (tmp_path / "all.txt").write_text("\n".join(every) + "\n", encoding="utf-8")
+    oracle(
+        torch_python(), "reference", minilm["checkpoint"].directory, tmp_path / "all.txt",
+        tmp_path / "all.npz", "--no-attentions",
+    )  # fmt: skip
+    with np.load(tmp_path / "all.npz") as z:
+        theirs = z["input_ids"]
+    ours = load().tokenize(every, theirs.shape[1])
+    assert ours.shape == (len(every), theirs.shape[1]) == (489, 86)
+    np.testing.assert_array_equal(ours, theirs)
