@@ -89,23 +89,29 @@ print(json.dumps({"backend": keras.backend.backend()}))
 """
 
 
-@pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_encoder_matches_transformers_on_other_backends(tiny, backend, tmp_path):
+def backend_diffs(backend, model_dir, ref_path, out, layers: int, max_length: int) -> dict:
+    """Load the checkpoint on `backend` (its venv, a child process) and compare with `ref_path`."""
     python = REPO / f".venv-{backend}" / "bin" / "python"
     if not python.exists():
         missing(f"{python} (make backend-venvs)")
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
+    script = _BACKEND_SCRIPT.replace("max_length=64", f"max_length={max_length}")
     done = subprocess.run(
-        [str(python), "-c", _BACKEND_SCRIPT, str(tiny["dir"]), str(tiny["root"] / "ref.npz"),
-         str(tmp_path / "out.npz")],
-        capture_output=True, text=True, env=env, timeout=600, check=False,
+        [str(python), "-c", script, str(model_dir), str(ref_path), str(out)],
+        capture_output=True, text=True, env=env, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"backend": backend}
-    with np.load(tmp_path / "out.npz") as z:
-        attention = [z[f"a{i}"] for i in range(SHAPE["layers"])]
-        diffs = _compare(z["vectors"], attention, tiny["ref"])
-    assert max(diffs.values()) <= TOLERANCE, diffs
+    with np.load(out) as z, np.load(ref_path) as ref:
+        return _compare(z["vectors"], [z[f"a{i}"] for i in range(layers)], dict(ref))
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_encoder_matches_transformers_on_other_backends(tiny, backend, tmp_path):
+    diffs = backend_diffs(
+        backend, tiny["dir"], tiny["root"] / "ref.npz", tmp_path / "out.npz", SHAPE["layers"], 64
+    )
+    assert len(diffs) == 1 + SHAPE["layers"] and max(diffs.values()) <= TOLERANCE, diffs
 
 
 def test_head_i_owns_rows_of_the_checkpoints_query_matrix(tiny):

@@ -8,17 +8,14 @@ on 2 cores); they are in make test, marked slow.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
 
 import numpy as np
 import pytest
 
 from keras_mha.pretrained import corpus
 from tests.environment import missing
-from tests.test_pretrained import _BACKEND_SCRIPT, _compare, _edge
+from tests.test_pretrained import _compare, _edge, backend_diffs
 from tests.test_pretrained_oracle import oracle, torch_python
 
 pytestmark = pytest.mark.slow
@@ -67,21 +64,15 @@ def test_minilm_matches_sentence_transformers_on_tensorflow(minilm):
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_minilm_matches_on_other_backends(minilm, backend, tmp_path):
-    python = REPO / f".venv-{backend}" / "bin" / "python"
-    if not python.exists():
-        missing(f"{python} (make backend-venvs)")
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [str(python), "-c", _BACKEND_SCRIPT.replace("max_length=64", "max_length=128"),
-         str(minilm["checkpoint"].directory), str(minilm["root"] / "ref.npz"),
-         str(tmp_path / "out.npz")],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"backend": backend}
-    with np.load(tmp_path / "out.npz") as z:
-        diffs = _compare(z["vectors"], [z[f"a{i}"] for i in range(6)], minilm["ref"])
-    assert max(diffs.values()) <= TOLERANCE, diffs
+    diffs = backend_diffs(
+        backend,
+        minilm["checkpoint"].directory,
+        minilm["root"] / "ref.npz",
+        tmp_path / "out.npz",
+        layers=6,
+        max_length=128,
+    )
+    assert len(diffs) == 7 and max(diffs.values()) <= TOLERANCE, diffs
 
 
 @pytest.fixture(scope="module")
