@@ -26,6 +26,12 @@ FFN's output Dense, the classifier) are refit by least squares so that the
 smaller model's activations are fit to the original's on the training split
 (no labels, no gradient steps), and `--finetune-epochs` trains it further.
 
+For an embedding run (keras-mha-import): importance is the mean norm of the
+Jacobian of the sentence vector with respect to each head's gate, on the
+calibration sentences (single-head ablation as a cross-check); prune removes
+heads at once and refits W^O and the FFN outputs by least squares on the
+calibration sentences (keras_mha/heads/encoder.py; docs/pretrained.md).
+
 `coref` probes any model that reads words, a trained pronouns classifier or
 an encoder imported by keras-mha-import: on generated pronoun sentences
 (keras_mha.data), each head picks the candidate noun the pronoun's query row

@@ -38,6 +38,12 @@ def _heads_dir(run_dir: str) -> pathlib.Path:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
+    from keras_mha.rundir.embedding import task_of
+
+    if task_of(args.run_dir) == "embedding":  # an imported encoder: no labels
+        from keras_mha.heads.encoder import cmd_importance_embedding
+
+        return cmd_importance_embedding(args)
     run = read_run(args.run_dir)
     out = _heads_dir(args.run_dir)
     model = run.load_model()
@@ -132,6 +138,12 @@ def _check_prune_args(args: argparse.Namespace) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    from keras_mha.rundir.embedding import task_of
+
+    if task_of(args.run_dir) == "embedding":  # an imported encoder: refit, no fine-tune
+        from keras_mha.heads.encoder import cmd_prune_embedding
+
+        return cmd_prune_embedding(args)
     _check_prune_args(args)
     run = read_run(args.run_dir)
     model = run.load_model()

@@ -38,13 +38,21 @@ from keras_mha_edge.errors import UsageError
 
 
 def build_encoder(
-    config: BertConfig, sequence_length: int | None = None, batch_size: int | None = None
+    config: BertConfig,
+    sequence_length: int | None = None,
+    batch_size: int | None = None,
+    heads_per_layer: list[int] | None = None,
+    key_dim: int | None = None,
 ) -> keras.Model:
     """The encoder as a Functional model `keras_mha_encoder`: ids (B, T) -> (B, d), unit norm.
 
-    `sequence_length=None` accepts any length up to `max_positions`.
+    `sequence_length=None` accepts any length up to `max_positions`. A pruned
+    encoder (keras_mha/heads/encoder.py) has `heads_per_layer[l]` heads of
+    size `key_dim` in block l; the blocks keep both in their own config, so
+    the saved model reloads as it is.
     """
     config.validate()
+    heads_per_layer = heads_per_layer or [config.num_heads] * config.num_layers
     ids = keras.Input((sequence_length,), batch_size=batch_size, dtype="int32", name="inputs")
     x = BertEmbeddings(
         config.vocab_size,
@@ -54,11 +62,12 @@ def build_encoder(
         config.layer_norm_eps,
         name="embedding",
     )(ids)
-    for i in range(config.num_layers):
+    for i, heads in enumerate(heads_per_layer):
         x = TransformerEncoderBlock(
-            num_heads=config.num_heads,
+            num_heads=int(heads),
             ff_dim=config.intermediate_size,
             dropout=0.0,
+            key_dim=None if key_dim is None else int(key_dim),
             epsilon=config.layer_norm_eps,
             activation=config.activation,
             name=f"transformer_layer_{i}",
