@@ -83,8 +83,9 @@ test-summary:
 	@$(SUMMARY)
 
 # The inner loop: every test but those marked slow, which tests/conftest.py
-# does for each that trains or exports a model. make test runs them all.
-test-fast: install edge-venvs
+# does for each that trains or exports a model. make test runs them all. The
+# backend venvs too: the tiny BERT's reference runs in the torch venv.
+test-fast: install edge-venvs backend-venvs
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The device against hostile bundles, longer than make test's bounded part
