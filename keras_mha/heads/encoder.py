@@ -92,9 +92,11 @@ import weakref
 import numpy as np
 
 from keras_mha.heads.importance import head_importance, rank_heads
+from keras_mha.heads.masks import all_heads_on, heads_per_layer
 from keras_mha.heads.reconstruction import output_matrix, refit
 from keras_mha.heads.selection import count_heads
 from keras_mha.heads.surgery import ffn_layers
+from keras_mha.model import encoder_blocks, is_encoder
 from keras_mha_edge.errors import UsageError
 
 KINDS = ("auto", "classifier", "encoder")
@@ -108,28 +110,6 @@ JVP_BATCH_SIZE = 8  # sentences per Jacobian batch (times a layer's heads)
 
 
 # ------------------------------------------------------------------ the model
-def is_encoder(model) -> bool:
-    from keras_mha.model import is_encoder as _is_encoder
-
-    return _is_encoder(model)
-
-
-def encoder_blocks(model) -> list:
-    """The encoder's `TransformerEncoderBlock`s, `transformer_layer_0` first."""
-    from keras_mha.model import encoder_blocks as _blocks
-
-    blocks = _blocks(model)
-    return sorted(blocks, key=lambda b: int(b.name.rsplit("_", 1)[-1]))
-
-
-def heads_per_layer(model) -> list[int]:
-    return [b.attention.num_heads for b in encoder_blocks(model)]
-
-
-def all_heads_on(model) -> list[np.ndarray]:
-    return [np.ones((h,), "float32") for h in heads_per_layer(model)]
-
-
 def build_pruned_encoder(config, heads_per_layer: list[int], key_dim: int):
     """`bert.build_encoder(config)` with `heads_per_layer[l]` heads of size `key_dim` in block l.
 
