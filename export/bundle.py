@@ -6,7 +6,9 @@
    loads the source (`source.load_source`: every array and file validated);
 2. stages the bundle in a directory beside `out`: `eval.npz`, `labels.json`,
    `[vocab.json]`, and per mode the model converted at batch 1 and its graph
-   checked; the manifest is written through `keras_mha_edge.contract.manifest`;
+   checked; the manifest is written through `keras_mha_edge.contract.manifest`
+   (with `coref_head`, the best coreference head, when a run directory holds
+   heads/coref.json from `keras-mha-heads coref` for this model.keras);
 3. verifies: opens the staged bundle with the device's loader and scores each
    mode with the device's code (`verify.verify_staged`);
 4. drops the modes that failed (unless `allow_parity_failure`), rewrites the
@@ -28,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from keras_mha_edge.contract import attention
-from keras_mha_edge.contract.attention import AttentionReference
+from keras_mha_edge.contract.attention import AttentionReference, CorefHead
 from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle, texts_json
 from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from keras_mha_edge.contract.files import building, check_writable, sha256_file
@@ -135,6 +137,19 @@ def _add_attention_reference(staging: pathlib.Path, loaded) -> AttentionReferenc
     return AttentionReference(ref.file, ref.sha256, int(x.shape[0]), len(weights))
 
 
+def _coref_head(run_dir: pathlib.Path, loaded, log) -> CorefHead | None:
+    """RUN_DIR/heads/coref.json's best head (keras-mha-heads coref) for the manifest, or None."""
+    from keras_mha.heads.coref import read_best_head
+    from keras_mha.heads.masks import heads_per_layer
+
+    head, note = read_best_head(run_dir, heads_per_layer(loaded.model), loaded.files["model"])
+    if note is not None:
+        log(f"  note: {note}")
+    elif head is not None:
+        log(f"  {head.caption()}")
+    return head
+
+
 def _has_encoder_blocks(model) -> bool:
     """Whether `keras_mha.model.attention_model` can read the model's attention weights."""
     from keras_mha.layers import TransformerEncoderBlock
@@ -225,8 +240,11 @@ def export_bundle(
             loaded.vocab.save(staging / "vocab.json")
             vocab_ref = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
         view = _has_encoder_blocks(loaded.model)
+        coref_head = None
         if view:
             attention_ref = _add_attention_reference(staging, loaded)
+            if not isinstance(source, SourcePaths):
+                coref_head = _coref_head(pathlib.Path(source), loaded, log)
         else:
             log(
                 "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
@@ -289,6 +307,7 @@ def export_bundle(
                 failed=failed,
                 export_seconds=round(time.perf_counter() - started, 2),
                 attention=attention_ref,
+                coref_head=coref_head,
             )
 
         kept: dict[str, ModelEntry] = {}

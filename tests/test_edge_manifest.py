@@ -8,9 +8,11 @@ import re
 import pytest
 from edge_bundle import REPO, example_manifest
 
+from keras_mha_edge.contract.attention import CorefHead
 from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
 from keras_mha_edge.contract.bundle import select_modes
 from keras_mha_edge.contract.entries import ModelEntry, Signature
+from keras_mha_edge.contract.fields import Fields
 from keras_mha_edge.contract.manifest import MODES, Manifest
 from keras_mha_edge.contract.parity import default_thresholds
 from keras_mha_edge.contract.tensors import TensorSpec
@@ -29,7 +31,13 @@ def doc_examples() -> dict[str, object]:
 
 def test_docs_examples_are_what_the_code_reads_and_writes():
     examples = doc_examples()
-    assert set(examples) == {"manifest", "vocab", "thresholds", "attention_thresholds"}
+    assert set(examples) == {
+        "manifest",
+        "vocab",
+        "thresholds",
+        "attention_thresholds",
+        "coref_head",
+    }
     manifest = Manifest.from_json(examples["manifest"], "docs/artifacts.md")
     # Written back, the example is unchanged: the doc lists exactly the writer's fields.
     assert manifest.to_json() == examples["manifest"]
@@ -46,6 +54,83 @@ def test_docs_examples_are_what_the_code_reads_and_writes():
     entry = manifest.models["int8"]
     assert entry.attention.signature in entry.signatures
     assert manifest.attention.samples <= manifest.eval.samples
+    # The classifier example names no coreference head, so the writer leaves the key out.
+    assert manifest.coref_head is None and "coref_head" not in manifest.to_json()
+    # MiniLM's best head, as the doc shows it: what CorefHead reads and writes.
+    coref = CorefHead.from_json(Fields("docs/artifacts.md"), {"coref_head": examples["coref_head"]})
+    assert coref == CorefHead(3, 1, 0.702, (0.662, 0.742), 500)
+    assert coref.to_json() == examples["coref_head"]
+    assert coref.caption() == (
+        "layer 3 head 1: the best coreference head, 0.702 (0.662-0.742) of 500 generated "
+        "pronoun sentences, keras-mha-heads coref"
+    )
+
+
+# The doc's manifest has one layer of 2 heads (int8's view signature).
+COREF = {"layer": 0, "head": 1, "accuracy": 0.7, "ci95": [0.66, 0.74], "sentences": 500}
+
+
+def test_coref_head_round_trips_after_attention():
+    data = doc_examples()["manifest"]
+    data["coref_head"] = dict(COREF)
+    manifest = Manifest.from_json(data, "manifest.json")
+    assert manifest.coref_head == CorefHead(0, 1, 0.7, (0.66, 0.74), 500)
+    written = manifest.to_json()
+    assert written == data
+    keys = list(written)
+    assert keys[keys.index("attention") + 1] == "coref_head"
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(layer="0"), "field 'coref_head.layer' must be an integer from 0 to 63, got '0'"),
+        (dict(layer=-1), "field 'coref_head.layer' must be an integer from 0 to 63, got -1"),
+        (
+            dict(layer=1),
+            "field 'coref_head.layer' is 1; the model has 1 layers (0..0) in models.int8",
+        ),
+        (dict(head=2), "field 'coref_head.head' is 2; layer 0 has 2 heads (0..1) in models.int8"),
+        (dict(head=True), "field 'coref_head.head' must be an integer from 0"),
+        (dict(head=1.0), "field 'coref_head.head' must be an integer from 0"),
+        (dict(accuracy=1.5), "field 'coref_head.accuracy' must be in [0, 1], got 1.5"),
+        (dict(accuracy=-0.1), "field 'coref_head.accuracy' must be in [0, 1], got -0.1"),
+        (dict(accuracy="0.7"), "field 'coref_head.accuracy' must be a finite number, got '0.7'"),
+        (dict(accuracy=None), "field 'coref_head.accuracy' must be a finite number, got None"),
+        (dict(ci95=[0.8, 0.6]), "field 'coref_head.ci95' must be [low, high] with 0 <= low"),
+        (dict(ci95=[0.6]), "field 'coref_head.ci95' must be [low, high]"),
+        (dict(ci95=[0.6, 1.2]), "field 'coref_head.ci95' must be [low, high]"),
+        (dict(ci95="0.66-0.74"), "field 'coref_head.ci95' must be [low, high]"),
+        (dict(ci95=[True, 1]), "field 'coref_head.ci95' must be [low, high]"),
+        (dict(sentences=0), "field 'coref_head.sentences' must be an integer from 1 to 1000000"),
+        (dict(head=None), "field 'coref_head.head' must be an integer"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_a_bad_coref_head_is_one_line_naming_its_field(change, message):
+    data = doc_examples()["manifest"]
+    data["coref_head"] = {**COREF, **change}
+    with pytest.raises(UsageError) as info:
+        Manifest.from_json(data, "manifest.json")
+    assert str(info.value).startswith(f"manifest.json: {message}")
+    assert "\n" not in str(info.value)
+
+
+def test_a_coref_head_needs_a_head_to_name():
+    data = doc_examples()["manifest"]
+    data["coref_head"] = [0, 1]
+    with pytest.raises(UsageError, match="field 'coref_head' must be an object, got list"):
+        Manifest.from_json(data, "manifest.json")
+    data["coref_head"] = {k: v for k, v in COREF.items() if k != "head"}
+    with pytest.raises(UsageError, match="missing field 'coref_head.head'"):
+        Manifest.from_json(data, "manifest.json")
+    data["coref_head"] = dict(COREF)
+    del data["models"]["int8"]["attention"], data["models"]["int8"]["signatures"]
+    data["attention"] = None
+    with pytest.raises(UsageError, match="names a head, but no model has an attention signature"):
+        Manifest.from_json(data, "manifest.json")
+    data["coref_head"] = None  # null is the same as absent
+    assert Manifest.from_json(data, "manifest.json").coref_head is None
 
 
 def test_example_manifest_round_trips():

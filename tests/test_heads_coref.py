@@ -12,6 +12,8 @@ from run_checks import assert_answered_without_tensorflow
 from keras_mha.data import generate_pronouns
 from keras_mha.heads import coref
 from keras_mha.heads.cli import main
+from keras_mha_edge.contract.files import sha256_file
+from keras_mha_edge.errors import UsageError
 
 # the word pieces of all-MiniLM-L6-v2's tokenizer for this sentence
 PIECES = "the routers slowed down the programs since they were so unplugged"
@@ -152,6 +154,7 @@ def _fails(capsys, argv, match):
 
 def test_coref_refuses_a_missing_run_in_one_line(tmp_path, capsys):
     _fails(capsys, ["coref", str(tmp_path / "nope")], "does not exist; expected a run directory")
+    assert not (tmp_path / "nope").exists()  # its default RUN_DIR/heads/coref.json: not made
     _fails(capsys, ["coref", str(tmp_path), "--sentences", "0"], "expected a positive integer")
     _fails(capsys, ["coref", str(tmp_path), "--sentences", "999999"], "--sentences must be in")
 
@@ -193,6 +196,8 @@ def test_coref_on_a_tiny_imported_bert(tiny_run, tmp_path, capsys):
     record = json.loads(out.read_text())
     total = shape["layers"] * shape["heads"]
     assert record["model"] == "embedding" and len(record["heads"]) == total
+    assert record["model_sha256"] == sha256_file(run_dir / "model.keras")
+    assert not (run_dir / coref.COREF_FILE).exists()  # --json instead of RUN_DIR/heads/
     assert record["heads_per_layer"] == [shape["heads"]] * shape["layers"]
     assert record["lesson"]["candidates"] == ["animal", "street"]
     assert len(record["lesson"]["heads"]) == total
@@ -273,3 +278,92 @@ def test_coref_on_a_word_level_classifier_and_a_truncating_vocabulary(tmp_path, 
     _fails(capsys, ["coref", str(short), "--sentences", "5"], "truncated?")
     # a run that reads no words
     _fails(capsys, ["coref", str(_word_run(tmp_path / "features", None))], "has no vocab.json")
+
+
+def test_view_refuses_both_a_sample_and_a_text(tmp_path, capsys):
+    _fails(capsys, ["view", str(tmp_path), "--sample", "1", "--text", "it"], "not both")
+
+
+def _coref_table(path, model_sha256: str, heads_per_layer, best: dict, sentences: int = 25):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    other = {"name": "L0-H0", "layer": 0, "head": 0, "accuracy": 0.1, "ci95": [0.0, 0.2]}
+    record = {
+        "model_sha256": model_sha256,
+        "heads_per_layer": heads_per_layer,
+        "sentences": sentences,
+        "heads": [best, other],
+    }
+    path.write_text(json.dumps(record))
+
+
+def test_the_best_head_is_read_only_for_the_model_it_was_measured_on(tmp_path):
+    model = tmp_path / "model.keras"
+    model.write_bytes(b"weights")
+    table = tmp_path / coref.COREF_FILE
+    assert coref.read_best_head(tmp_path, [2, 2], model) == (None, None)  # no table: no head
+    best = {"name": "L1-H0", "layer": 1, "head": 0, "accuracy": 0.75, "ci95": [0.6, 0.9]}
+    _coref_table(table, sha256_file(model), [2, 2], best)
+    head, note = coref.read_best_head(tmp_path, [2, 2], model)
+    assert note is None and head.to_json() == {
+        "layer": 1,
+        "head": 0,
+        "accuracy": 0.75,
+        "ci95": [0.6, 0.9],
+        "sentences": 25,
+    }
+    head, note = coref.read_best_head(tmp_path, [2, 1], model)  # other heads per layer
+    assert head is None and "is for [2, 2] heads per layer, the model has [2, 1]" in note
+    model.write_bytes(b"retrained")
+    head, note = coref.read_best_head(tmp_path, [2, 2], model)
+    assert head is None and "is for another model.keras (sha256 differs)" in note
+    assert "rerun keras-mha-heads coref" in note
+    for bad, message in (
+        ({**best, "layer": 2}, "its best head's layer is 2; the model has 2 layers"),
+        ({**best, "accuracy": 7}, "field 'coref_head.accuracy' must be in [0, 1]"),
+        ({**best, "ci95": None}, "field 'coref_head.ci95' must be [low, high]"),
+    ):
+        _coref_table(table, sha256_file(model), [2, 2], bad)
+        with pytest.raises(UsageError) as error:
+            coref.read_best_head(tmp_path, [2, 2], model)
+        assert str(error.value).startswith(f"{table}: ") and message in str(error.value)
+    table.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="not a keras-mha-heads coref table"):
+        coref.read_best_head(tmp_path, [2, 2], model)
+
+
+@pytest.mark.slow
+def test_coref_writes_into_the_run_and_view_text_opens_on_its_best_head(tmp_path, capsys):
+    """coref's table goes to RUN_DIR/heads/coref.json; `view --text` on a word-level
+    classifier shows the vocabulary's tokens, opens on "it" and on the best head, and names
+    none when the table is for another model; a run without vocab.json refuses --text."""
+    run = _word_run(tmp_path / "run", 16)
+    assert main(["coref", str(run), "--sentences", "25", "--bootstrap", "50"]) == 0
+    record = json.loads((run / coref.COREF_FILE).read_text())
+    assert record["model_sha256"] == sha256_file(run / "model.keras")
+    best = record["heads"][0]
+    capsys.readouterr()
+    assert main(["view", str(run), "--text", coref.LESSON]) == 0
+    page = run / "heads" / "view_text.html"
+    assert capsys.readouterr().out.strip() == f"wrote {page}"
+    data = _page_data(page)
+    assert data["tokens"] == ["the", "<unk>", "didn't", "<unk>", "the", "<unk>", "because", "it",
+                              "was", "too", "<unk>"]  # fmt: skip
+    assert data["initial_query"] == 7 and data["input"]["text"] == coref.LESSON
+    assert data["named_head"]["layer"] == best["layer"] == data["initial_layer"]
+    assert data["named_head"]["head"] == best["head"]
+    assert data["named_head"]["caption"].endswith(
+        "of 25 generated pronoun sentences, keras-mha-heads coref"
+    )
+    record["model_sha256"] = "0" * 64
+    (run / coref.COREF_FILE).write_text(json.dumps(record))
+    assert main(["view", str(run), "--text", coref.LESSON]) == 0
+    assert "is for another model.keras" in capsys.readouterr().out
+    assert _page_data(page)["named_head"] is None
+    features = _word_run(tmp_path / "features", None)
+    _fails(capsys, ["view", str(features), "--text", "it"], "needs a model that reads words")
+
+
+def _page_data(path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    start = text.index('id="attention-data">') + len('id="attention-data">')
+    return json.loads(text[start : text.index("</script>", start)])

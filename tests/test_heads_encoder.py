@@ -197,6 +197,30 @@ def test_selection_keeps_a_head_in_every_layer():
     assert E.spearman([np.array([1, 2, 3])], [np.array([10, 20, 30])]) == pytest.approx(1.0)
 
 
+def test_a_pruned_config_records_its_heads_per_layer():
+    import dataclasses
+
+    assert "heads_per_layer" not in CONFIG.to_dict() and CONFIG.heads == [4, 4]
+    pruned = dataclasses.replace(CONFIG, heads_per_layer=(3, 1))
+    data = json.loads(json.dumps(pruned.to_dict()))
+    assert data["heads_per_layer"] == [3, 1]
+    assert BertConfig.from_dict(data) == pruned and pruned.heads == [3, 1]
+    model = build_encoder(pruned)  # each head keeps the unpruned size, d_model / num_heads
+    blocks = [layer for layer in model.layers if hasattr(layer, "attention")]
+    assert [(b.attention.num_heads, b.attention.d_k) for b in blocks] == [(3, 4), (1, 4)]
+    for heads, problem in (
+        ([3], "heads_per_layer must be 2 integers from 1 to num_heads 4 (one per layer), got (3,)"),
+        ([0, 1], "got (0, 1)"),
+        ([5, 1], "got (5, 1)"),
+        ([True, 1], "got (True, 1)"),
+        (["3", 1], "got ('3', 1)"),
+        ("3,1", "got '3,1'"),
+    ):
+        with pytest.raises(UsageError) as error:
+            BertConfig.from_dict({**CONFIG.to_dict(), "heads_per_layer": heads}, "metrics.json")
+        assert str(error.value).startswith("metrics.json: ") and problem in str(error.value)
+
+
 def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path, capsys):
     """`keras-mha-heads importance|prune RUN` for an embedding run (cmd_*_embedding)."""
     from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
@@ -229,6 +253,25 @@ def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path,
     run = read_embedding_run(args.out)
     pruning = run.metrics["pruning"]
     assert sum(pruning["heads_after"]) == 6 and len(pruning["removed"]) == 2
+    # metrics.json's config records the heads left (the source's has no such key)
+    config = json.loads((pathlib.Path(args.out) / "metrics.json").read_text())["config"]
+    assert config["heads_per_layer"] == pruning["heads_after"] and config["num_heads"] == 4
+    assert "heads_per_layer" not in json.loads((source.path / "metrics.json").read_text())["config"]
+    assert run.config.heads == pruning["heads_after"] == run.heads_per_layer
+    rebuilt = [b for b in build_encoder(run.config).layers if hasattr(b, "attention")]
+    assert [b.attention.num_heads for b in rebuilt] == config["heads_per_layer"]
+    metrics_path = pathlib.Path(args.out) / "metrics.json"
+    metrics = json.loads(metrics_path.read_text())
+    metrics["config"]["heads_per_layer"] = [4, 4]  # a config that is not the model's
+    metrics_path.write_text(json.dumps(metrics))
+    with pytest.raises(UsageError, match=r"model.keras: has \[\d, \d\] heads per layer; metrics"):
+        read_embedding_run(args.out).load_model()
+    del metrics["config"]["heads_per_layer"]  # pruned before the key: pruning.heads_after
+    metrics_path.write_text(json.dumps(metrics))
+    assert read_embedding_run(args.out).heads_per_layer == pruning["heads_after"]
+    read_embedding_run(args.out).load_model()
+    metrics["config"]["heads_per_layer"] = pruning["heads_after"]
+    metrics_path.write_text(json.dumps(metrics))
     assert pruning["params_after"] < pruning["params_before"]
     assert set(pruning["eval_reconstructed"]) == {"mean_cosine", "min_cosine", "top1", "top5"}
     with pytest.raises(UsageError, match="no labels"):

@@ -9,6 +9,12 @@ Keras reference on the device, so its page shows the device mode alone.
 The mode shown: `--quant MODE`; with `all` or several modes, the first
 verified of int8, int16x8, float32, then any other, in that order
 (`view_mode`): an integer mode is what a device runs, float32 the fallback.
+
+An encoder's word pieces are shown as typed (`WordPiece.typed`: the text
+each covers, case kept; [CLS] and [SEP] by name), a piece typed right after
+the one before it joined to it; the page opens on the first pronoun
+(`view.page.initial_query`). When the manifest names the best coreference
+head (`coref_head`), the page names it and opens on it.
 """
 
 from __future__ import annotations
@@ -23,10 +29,9 @@ from ..contract.files import check_output
 from ..errors import UsageError
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.runtime import Runtime
-from ..view.page import ViewData, write_html
+from ..view.page import ViewData, initial_query, write_html
 
 PREFERENCE = ("int8", "int16x8", "float32")
-PRONOUNS = ("it", "they", "them", "he", "she", "him", "her")
 
 
 def check_view_path(path: pathlib.Path, bundle_root: pathlib.Path | None = None) -> None:
@@ -49,14 +54,6 @@ def view_mode(bundle: Bundle, runnable: list[str]) -> str:
         if mode in verified:
             return mode
     return (verified or with_view)[0]
-
-
-def initial_query(tokens: list[str]) -> int | None:
-    """The pronoun's position (the page opens on its row), or None."""
-    for i, token in enumerate(tokens):
-        if token.lower() in PRONOUNS:
-            return i
-    return None
 
 
 def write_view(
@@ -115,6 +112,7 @@ def write_view(
     labels = list(bundle.labels)
     if bundle.embedding:
         probs = None  # a sentence vector: the page shows no prediction
+    coref = bundle.manifest.coref_head
     common = {
         "device": device,
         "labels": labels,
@@ -126,17 +124,24 @@ def write_view(
         "true_label": None
         if sample is None or bundle.embedding
         else labels[int(bundle.eval.y[sample])],
+        "named_head": None if coref is None else (coref.layer, coref.head),
+        "named_head_caption": None if coref is None else coref.caption(),
     }
     if bundle.embedding:
-        vocabulary = bundle.tokenizer.tokenizer
-        tokens = [vocabulary.id_to_token(int(i)) or "?" for i in x]  # word pieces
         sentence = text if text is not None else bundle.texts[sample]
+        typed = bundle.tokenizer.typed(sentence, x)
+        if typed is None:  # not the sentence's own pieces: show the raw ones
+            vocabulary = bundle.tokenizer.tokenizer
+            typed = [vocabulary.id_to_token(int(i)) or "?" for i in x], None
+            notes.append("word pieces as the tokenizer wrote them (the text gives other ids)")
+        tokens, joined = typed
         data = ViewData(
             tokens=tokens,
+            joined=joined,
             input_kind="text",
             text=sentence,
             title=f'{mode}: "{sentence}"',
-            initial_query=initial_query(tokens),
+            initial_query=initial_query(tokens, joined),
             **common,
         )
     elif bundle.vocab is not None:

@@ -8,7 +8,9 @@ model's own weights for the first `samples` eval samples in `attention.npz`
 (`AttentionReference`, `reference_bytes`, `load_reference`), and each mode's
 entry says which signature to run and what it must meet (`AttentionCheck`).
 What the check measures and its bounds are attention_parity.py's
-(docs/artifacts.md). numpy and the standard library only.
+(docs/artifacts.md). The manifest may also name the best coreference head
+(`CorefHead`, from `keras-mha-heads coref`), which the head view opens on.
+numpy and the standard library only.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import pathlib
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import UsageError, safe
 from .arrays import BUNDLE_ARCHIVE_BYTES, BUNDLE_MEMBER_BYTES, NPY_HEADER_BYTES, read_npz
 from .attention_parity import AttentionParity, AttentionThresholds
-from .fields import Fields
+from .fields import MAX_DIM, Fields
 from .files import read_inside
 
 SIGNATURE = "view"  # the models' attention signature (export/convert.py)
@@ -34,6 +36,7 @@ MAX_SAMPLES = 256
 MAX_LAYERS = 64
 # Without a signature to size it by: pronouns' reference is 256 x 8 x 16 x 16.
 MAX_LAYER_VALUES = 1 << 22
+MAX_COREF_SENTENCES = 1_000_000  # keras-mha-heads coref probes at most 20,000
 
 
 def output_name(layer: int) -> str:
@@ -149,3 +152,77 @@ def load_reference(
             raise UsageError(f"{name} has NaN or infinite values", path)
         weights.append(w)
     return weights
+
+
+@dataclasses.dataclass(frozen=True)
+class CorefHead:
+    """The manifest's optional `coref_head`: the head whose pronoun row most often
+    weighs the antecedent most, on `sentences` generated pronoun sentences
+    (`keras-mha-heads coref`; `ci95` its 95 % bootstrap interval). Layers and
+    heads count from 0; the manifest checks them against the models'
+    attention signatures (manifest.py)."""
+
+    layer: int
+    head: int
+    accuracy: float
+    ci95: tuple[float, float]
+    sentences: int
+
+    def to_json(self) -> dict:
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "accuracy": self.accuracy,
+            "ci95": list(self.ci95),
+            "sentences": self.sentences,
+        }
+
+    def caption(self) -> str:
+        """What the head view says of it."""
+        low, high = self.ci95
+        return (
+            f"layer {self.layer} head {self.head}: the best coreference head, "
+            f"{self.accuracy:.3f} ({low:.3f}-{high:.3f}) of {self.sentences} generated "
+            "pronoun sentences, keras-mha-heads coref"
+        )
+
+    @classmethod
+    def from_json(cls, fields: Fields, data: dict, key: str = "coref_head") -> CorefHead:
+        entry = fields.obj(data, key)
+        prefix = f"{key}."
+        accuracy = fields.number(entry, "accuracy", prefix)
+        if not 0.0 <= accuracy <= 1.0:
+            raise fields.fail(prefix + "accuracy", f"must be in [0, 1], got {accuracy!r}")
+        ci95 = fields.get(entry, "ci95", prefix)
+        if (
+            not isinstance(ci95, list)
+            or len(ci95) != 2
+            or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0
+                for v in ci95
+            )
+            or ci95[0] > ci95[1]
+        ):
+            raise fields.fail(
+                prefix + "ci95",
+                f"must be [low, high] with 0 <= low <= high <= 1, got {safe(repr(ci95), 60)}",
+            )
+        return cls(
+            layer=fields.integer(entry, "layer", prefix, maximum=MAX_LAYERS - 1),
+            head=fields.integer(entry, "head", prefix, maximum=MAX_DIM - 1),
+            accuracy=accuracy,
+            ci95=(float(ci95[0]), float(ci95[1])),
+            sentences=fields.integer(entry, "sentences", prefix, 1, MAX_COREF_SENTENCES),
+        )
+
+    def problem(self, heads_per_layer: list[int]) -> tuple[str, str] | None:
+        """(field, why) if this head is not in a model with these heads per layer, else None."""
+        if self.layer >= len(heads_per_layer):
+            return "layer", (
+                f"is {self.layer}; the model has {len(heads_per_layer)} layers "
+                f"(0..{len(heads_per_layer) - 1})"
+            )
+        if self.head >= heads_per_layer[self.layer]:
+            heads = heads_per_layer[self.layer]
+            return "head", f"is {self.head}; layer {self.layer} has {heads} heads (0..{heads - 1})"
+        return None

@@ -21,7 +21,7 @@ import pathlib
 import re
 
 from ..errors import UsageError, safe
-from .attention import AttentionReference
+from .attention import AttentionReference, CorefHead, output_name
 from .entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from .fields import MAX_ELEMENTS, Fields, kind, parse_json
 from .files import read_inside, write_json_atomic
@@ -66,6 +66,8 @@ class Manifest:
     texts: FileRef | None = None
     tokenizer: FileRef | None = None
     max_length: int | None = None
+    # Optional: the best coreference head (keras-mha-heads coref), written only when set.
+    coref_head: CorefHead | None = None
 
     @property
     def verified(self) -> list[str]:
@@ -87,6 +89,7 @@ class Manifest:
             "vocab": None if self.vocab is None else self.vocab.to_json(),
             **self._text_json(),
             "attention": None if self.attention is None else self.attention.to_json(),
+            **({} if self.coref_head is None else {"coref_head": self.coref_head.to_json()}),
             "verified": self.verified,
             "models": {mode: self.models[mode].to_json() for mode in ordered(self.models)},
             "requested": list(self.requested),
@@ -228,6 +231,10 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
                 "'_', '.' or '-'",
             )
     entries = {m: ModelEntry.from_json(fields, m, e, evaluation) for m, e in models.items()}
+    coref_head = None
+    if data.get("coref_head") is not None:
+        coref_head = CorefHead.from_json(fields, data, "coref_head")
+        _check_coref_head(fields, coref_head, entries, attention)
     # Fields for people, read leniently: a wrong type is ignored, strings are
     # made safe to print and bounded.
     source = data.get("source_model")
@@ -272,7 +279,42 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         and math.isfinite(seconds)
         else None,
         attention=attention,
+        coref_head=coref_head,
     )
+
+
+def _check_coref_head(
+    fields: Fields,
+    coref: CorefHead,
+    entries: dict[str, ModelEntry],
+    attention: AttentionReference | None,
+) -> None:
+    """`coref_head` names a head of every mode's attention signature (and of attention.npz)."""
+    viewed = [m for m in ordered(entries) if entries[m].attention is not None]
+    if not viewed:
+        raise fields.fail(
+            "coref_head", "names a head, but no model has an attention signature to show it"
+        )
+    for mode in viewed:
+        entry = entries[mode]
+        name = entry.attention.signature
+        outputs = entry.signatures[name].outputs
+        heads = []
+        for layer in range(len(outputs)):
+            spec = outputs[output_name(layer)]
+            if len(spec.shape) != 4:
+                raise fields.fail(
+                    f"models.{mode}.signatures.{name}.outputs.{output_name(layer)}.shape",
+                    f"must be [1, heads, T, S], got {list(spec.shape)}",
+                )
+            heads.append(spec.shape[1])
+        problem = coref.problem(heads)
+        if problem is not None:
+            raise fields.fail(f"coref_head.{problem[0]}", f"{problem[1]} in models.{mode}")
+    if attention is not None and coref.layer >= attention.layers:
+        raise fields.fail(
+            "coref_head.layer", f"is {coref.layer}; attention.layers is {attention.layers}"
+        )
 
 
 def _text(value: object, limit: int = 200) -> str | None:

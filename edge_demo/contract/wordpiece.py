@@ -7,7 +7,9 @@ are truncated to `max_length` ids ([SEP] kept last) and padded with 0,
 BERT's [PAD], which the model masks.
 
     pieces = WordPiece.load(path, max_length=128)
-    ids, lengths = pieces.encode(["The animal didn't cross the street."])
+    text = "The animal didn't cross the street."
+    ids, lengths = pieces.encode([text])
+    shown, joined = pieces.typed(text, ids[0][: lengths[0]])  # as typed: "The" "didn" "'" "t"
 """
 
 from __future__ import annotations
@@ -103,3 +105,30 @@ class WordPiece:
         """The word pieces of one sentence and each one's (start, end) in `text`."""
         encoding = self.tokenizer.encode(text)
         return list(encoding.tokens), [tuple(o) for o in encoding.offsets]
+
+    def typed(self, text: str, ids) -> tuple[list[str], list[bool]] | None:
+        """The word pieces of `text` as typed: (the text each covers, joined flags).
+
+        For the head view. Special tokens ([CLS], [SEP], [UNK]) keep their
+        names; a piece is joined when it starts where the piece before it
+        ended (no space between: "didn" "'" "t", "un" "##believ" "##able").
+        None when `text` does not tokenize to `ids` (the input the model
+        ran): then show the raw pieces.
+        """
+        encoding = self.tokenizer.encode(text)
+        if [int(i) for i in encoding.ids] != [int(i) for i in ids]:
+            return None
+        unknown = getattr(self.tokenizer.model, "unk_token", "[UNK]")
+        shown, joined, end = [], [], None
+        for token, (start, stop), special in zip(
+            encoding.tokens, encoding.offsets, encoding.special_tokens_mask
+        ):
+            if special or token == unknown or stop <= start:
+                shown.append(token)
+                joined.append(False)
+                end = None
+            else:
+                shown.append(text[start:stop])
+                joined.append(end == start)
+                end = stop
+        return shown, joined

@@ -7,8 +7,15 @@ script reads `#attention-data` and draws:
   right; lines `.attn-line` (one per head and key, `data-head`, `data-key`,
   `data-weight`, `data-source`) from the selected query;
 - `#model-view`: one `<canvas class="map">` per layer x head (and per source
-  when both are shown), with `data-layer`, `data-head`, `data-source`;
-- `#input-view`: the pixels (one SVG row per token) or the sentence;
+  when both are shown), with `data-layer`, `data-head`, `data-source`; each
+  `MIN_MAP` (48) to 120 CSS px a side, as the window's width allows (the
+  panel scrolls sideways below that);
+- `#input-view`: the pixels (one SVG row per token) or the sentence; a token
+  typed right after the one before it (`D.joined`) is a `span.joined`
+  attached to it, and in the head view a label led by "·";
+- `#named-head`: the caption of `D.named_head` (the best coreference head);
+  the page opens on its layer, draws its lines over the other heads' (faded)
+  while `#focus-toggle` is on, and outlines its map (`canvas.map.named`);
 - `#parity`: max |Δ| and most-attended-key agreement per layer.
 
 Every panel is a `<section class="panel">`. Selecting a token (hover or
@@ -32,15 +39,24 @@ h2 { font-size: 15px; margin: 0 0 8px; }
 #controls button { font: inherit; margin: 1px; padding: 1px 8px; border: 1px solid var(--line);
                    background: #f6f8fa; cursor: pointer; }
 #controls button.on { background: #1f2328; color: #fff; }
-.head-toggle { display: inline-flex; align-items: center; gap: 3px; margin-right: 8px; cursor: pointer; }
+.head-toggle { display: inline-flex; align-items: center; gap: 3px; margin-right: 6px; cursor: pointer; }
 .swatch { display: inline-block; width: 12px; height: 12px; border-radius: 2px; }
 #panels { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 .panel { border: 2px solid var(--panel); border-radius: 6px; padding: 10px 12px; background: #fff; }
 .token { cursor: pointer; font-size: 13px; }
 .token.selected { font-weight: 700; fill: #b3261e; }
-#sentence span { display: inline-block; padding: 1px 4px; margin: 1px; border-radius: 3px;
+#sentence span { display: inline-block; padding: 1px 3px; margin: 1px 0 1px 5px; border-radius: 3px;
                  cursor: pointer; border: 1px solid transparent; }
 #sentence span.selected { border-color: #b3261e; font-weight: 700; }
+#sentence span.joined { margin-left: 0; border-left: 1px dotted #8c959f; }
+.joiner { fill: #8c959f; }
+#named-head { margin: 8px 0; padding: 6px 10px; border-left: 4px solid #1f2328; background: #f6f8fa; }
+#named-head button { font: inherit; margin-left: 8px; padding: 0 8px; border: 1px solid var(--line);
+                     background: #fff; cursor: pointer; }
+#named-head button.on { background: #1f2328; color: #fff; }
+.head-toggle.named { font-weight: 700; }
+#model-view { max-width: 100%; overflow-x: auto; }
+canvas.map.named { outline: 3px solid #1f2328; outline-offset: 1px; }
 .grid { display: grid; gap: 8px; }
 .cell { text-align: center; font-size: 12px; color: var(--muted); }
 .cell .pair { display: flex; gap: 4px; justify-content: center; }
@@ -61,8 +77,11 @@ SCRIPT = r"""
                    "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
   const SVG = "http://www.w3.org/2000/svg";
   const n = D.tokens.length;
+  const named = D.named_head;  // {layer, head, caption} or null
+  const MIN_MAP = 48, MAX_MAP = 120;  // CSS px of one map's side
+  const FADE = 0.2;  // opacity of the other heads' lines while the named head is highlighted
   const state = { layer: D.initial_layer, query: D.initial_query,
-                  source: "device", hidden: new Set() };
+                  source: "device", hidden: new Set(), focus: named !== null };
   const hasRef = D.reference !== null;
   const colour = (h) => PALETTE[h % PALETTE.length];
   const el = (tag, attrs, text) => {
@@ -78,6 +97,15 @@ SCRIPT = r"""
     return e;
   };
   const fmt = (x, d) => Number(x).toFixed(d);
+  // the named head, drawn over the others in its layer (unless hidden or turned off)
+  const focused = () => named !== null && state.focus && state.layer === named.layer &&
+                        !state.hidden.has(named.head);
+  const isNamed = (l, h) => named !== null && named.layer === l && named.head === h;
+  const tokenText = (node, i) => {  // an SVG label: "·" before a piece joined to the one before
+    if (D.joined[i]) node.append(svg("tspan", {class: "joiner"}, "\u00b7"));
+    node.append(svg("tspan", {class: "piece"}, D.tokens[i]));
+    return node;
+  };
   const sources = () => state.source === "both" ? ["device", "reference"] : [state.source];
   const sourceName = (s) => s === "device" ? D.mode : "reference (float Keras)";
 
@@ -102,6 +130,17 @@ SCRIPT = r"""
     banners.append(el("p", {class: "warning", id: "truncated"},
       "Input truncated: the model reads " + n + " tokens; " + D.dropped.length +
       " more word(s) were dropped: " + D.dropped.join(" ")));
+  }
+  if (named !== null) {
+    const p = el("p", {id: "named-head"});
+    p.append(el("span", {id: "named-caption"}, "\u2605 " + named.caption));
+    const show = el("button", {type: "button", id: "named-show"}, "show it");
+    show.addEventListener("click", () => { state.layer = named.layer; state.focus = true;
+                                           state.hidden.delete(named.head); draw(); });
+    const toggle = el("button", {type: "button", id: "focus-toggle"}, "highlight");
+    toggle.addEventListener("click", () => { state.focus = !state.focus; draw(); });
+    p.append(show, toggle);
+    banners.append(p);
   }
   if (D.notes.length) {
     const ul = el("ul", {class: "notes"});
@@ -150,6 +189,7 @@ SCRIPT = r"""
 
   function weights(source, layer, head, q) { return D[source][layer][head][q]; }
   function meanRow(source, layer, q) {
+    if (focused() && layer === named.layer) return weights(source, layer, named.head, q).slice();
     const out = new Array(n).fill(0);
     let heads = 0;
     for (let h = 0; h < D.heads[layer]; h++) {
@@ -190,7 +230,8 @@ SCRIPT = r"""
     } else {
       const box = el("div", {id: "sentence"});
       D.tokens.forEach((t, i) => {
-        const span = el("span", {class: i === state.query ? "selected" : "", "data-index": i}, t);
+        const classes = (i === state.query ? "selected" : "") + (D.joined[i] ? " joined" : "");
+        const span = el("span", {class: classes.trim(), "data-index": i}, t);
         span.style.background = "rgba(8,48,107," + fmt(0.85 * mean[i], 3) + ")";
         span.style.color = mean[i] > 0.5 ? "#fff" : "";
         span.addEventListener("mouseenter", () => select(i));
@@ -200,8 +241,9 @@ SCRIPT = r"""
       inputPanel.append(box);
       if (D.input.text) inputPanel.append(el("p", {class: "scale"}, "typed: " + D.input.text));
       if (D.padding) inputPanel.append(el("p", {class: "scale"}, D.padding + " padding position(s) not shown"));
-      inputPanel.append(el("div", {class: "scale"},
-        "shade: mean weight of the shown heads from the selected token (layer " + state.layer + ")"));
+      inputPanel.append(el("div", {class: "scale"}, focused()
+        ? "shade: weight of layer " + named.layer + " head " + named.head + " from the selected token"
+        : "shade: mean weight of the shown heads from the selected token (layer " + state.layer + ")"));
     }
   }
 
@@ -212,14 +254,19 @@ SCRIPT = r"""
     s.append(svg("text", {x: xl, y: 14, "text-anchor": "end", fill: "#59636e", "font-size": 12}, "query"));
     s.append(svg("text", {x: xr, y: 14, fill: "#59636e", "font-size": 12}, "key"));
     const y = (i) => top + i * rowH + rowH / 2;
+    const focus = focused();
+    const order = [...Array(D.heads[state.layer]).keys()];
+    if (focus) order.push(order.splice(named.head, 1)[0]);  // the named head's lines on top
     for (const source of sources()) {
-      for (let h = 0; h < D.heads[state.layer]; h++) {
+      for (const h of order) {
         if (state.hidden.has(h)) continue;
         const row = weights(source, state.layer, h, state.query);
+        const fade = focus && h !== named.head ? FADE : 1;
         for (let k = 0; k < n; k++) {
           const w = row[k];
           const line = svg("line", {x1: xl + 6, y1: y(state.query), x2: xr - 6, y2: y(k),
-            stroke: colour(h), "stroke-width": fmt(0.5 + 5 * w, 2), "stroke-opacity": fmt(Math.min(1, 0.04 + w), 3),
+            stroke: colour(h), "stroke-width": fmt(0.5 + 5 * w, 2),
+            "stroke-opacity": fmt(fade * Math.min(1, 0.04 + w), 3),
             class: "attn-line", "data-head": h, "data-key": k, "data-query": state.query,
             "data-weight": fmt(w, 4), "data-source": source});
           if (source === "reference" && state.source === "both") line.setAttribute("stroke-dasharray", "4 3");
@@ -229,8 +276,8 @@ SCRIPT = r"""
     }
     for (const [x, anchor, side] of [[xl, "end", "query"], [xr, "start", "key"]]) {
       D.tokens.forEach((t, i) => {
-        const label = svg("text", {x: x, y: y(i) + 4, "text-anchor": anchor, "data-index": i, "data-side": side,
-                                   class: "token" + (i === state.query && side === "query" ? " selected" : "")}, t);
+        const label = tokenText(svg("text", {x: x, y: y(i) + 4, "text-anchor": anchor, "data-index": i,
+          "data-side": side, class: "token" + (i === state.query && side === "query" ? " selected" : "")}), i);
         label.addEventListener("mouseenter", () => select(i));
         label.addEventListener("click", () => select(i));
         s.append(label);
@@ -238,13 +285,23 @@ SCRIPT = r"""
     }
     headPanel.append(s);
     const legend = state.source === "both" ? "solid: " + D.mode + ", dashed: float Keras; " : "";
-    headPanel.append(el("div", {class: "scale"}, legend +
-      "layer " + state.layer + ", from \u201c" + D.tokens[state.query] + "\u201d; line width and opacity: weight 0..1"));
+    headPanel.append(el("div", {class: "scale", id: "head-caption"}, legend +
+      "layer " + state.layer + ", from \u201c" + D.tokens[state.query] + "\u201d; line width and opacity: weight 0..1" +
+      (focus ? "; head " + named.head + " on top, the others faded" : "")));
   }
 
-  function drawMap(canvas, matrix) {
-    const cell = Math.max(3, Math.floor(96 / n));
+  function mapSize() {
+    // as large as the window lets every head of a layer sit in one row, within MIN_MAP..MAX_MAP
+    const per = sources().length, columns = Math.max(...D.heads);
+    const room = document.documentElement.clientWidth - 32 - 28 - 64;  // margins, panel, labels
+    const column = Math.floor(room / columns) - 8;  // the grid's gap
+    return Math.max(MIN_MAP, Math.min(MAX_MAP, Math.floor((column - 4 * (per - 1)) / per) - 2));
+  }
+
+  function drawMap(canvas, matrix, size) {
+    const cell = Math.max(1, Math.ceil(size / n));
     canvas.width = n * cell; canvas.height = n * cell;
+    canvas.style.width = size + "px"; canvas.style.height = size + "px";
     const ctx = canvas.getContext("2d");
     for (let q = 0; q < n; q++) {
       for (let k = 0; k < n; k++) {
@@ -254,13 +311,14 @@ SCRIPT = r"""
         ctx.fillRect(k * cell, q * cell, cell, cell);
       }
     }
-    ctx.strokeStyle = "#b3261e"; ctx.lineWidth = 2;
-    ctx.strokeRect(1, state.query * cell + 1, n * cell - 2, cell - 2);
+    const line = Math.max(1, Math.min(2, cell / 2));
+    ctx.strokeStyle = "#b3261e"; ctx.lineWidth = line;
+    ctx.strokeRect(line / 2, state.query * cell + line / 2, n * cell - line, cell - line);
   }
 
   function drawModelView() {
     modelPanel.querySelectorAll(":scope > :not(h2)").forEach((e) => e.remove());
-    const maxHeads = Math.max(...D.heads);
+    const maxHeads = Math.max(...D.heads), size = mapSize();
     const grid = el("div", {class: "grid", id: "map-grid"});
     grid.style.gridTemplateColumns = "auto repeat(" + maxHeads + ", auto)";
     grid.append(el("div", {class: "cell"}, ""));
@@ -276,14 +334,16 @@ SCRIPT = r"""
         if (h < heads) {
           const pair = el("div", {class: "pair"});
           for (const source of sources()) {
-            const c = el("canvas", {class: "map", "data-layer": l, "data-head": h, "data-source": source,
+            const c = el("canvas", {class: "map" + (isNamed(l, h) ? " named" : ""), "data-layer": l,
+                                    "data-head": h, "data-source": source,
                                     title: sourceName(source) + ": layer " + l + " head " + h});
-            drawMap(c, D[source][l][h]);
+            drawMap(c, D[source][l][h], size);
             c.addEventListener("click", () => { state.layer = l; draw(); });
             pair.append(c);
           }
           cell.append(pair);
           if (state.source === "both") cell.append(el("div", {}, D.mode + " | float"));
+          if (isNamed(l, h)) cell.append(el("div", {class: "named-label"}, "\u2605 coreference"));
         }
         grid.append(cell);
       }
@@ -314,15 +374,18 @@ SCRIPT = r"""
     layerSet.querySelectorAll("button").forEach((b) => b.classList.toggle("on", Number(b.dataset.layer) === state.layer));
     headSet.querySelectorAll(".head-toggle").forEach((e) => e.remove());
     for (let h = 0; h < D.heads[state.layer]; h++) {
-      const t = el("span", {class: "head-toggle", "data-head": h});
+      const star = isNamed(state.layer, h);
+      const t = el("span", {class: "head-toggle" + (star ? " named" : ""), "data-head": h});
       const sw = el("span", {class: "swatch"});
       sw.style.background = state.hidden.has(h) ? "#fff" : colour(h);
       sw.style.border = "2px solid " + colour(h);
-      t.append(sw, "head " + h);
+      t.append(sw, (star ? "\u2605 " : "") + "head " + h);
       t.addEventListener("click", () => { state.hidden.has(h) ? state.hidden.delete(h) : state.hidden.add(h); draw(); });
       headSet.append(t);
     }
     document.querySelectorAll("#source-buttons button").forEach((b) => b.classList.toggle("on", b.dataset.source === state.source));
+    const toggle = document.getElementById("focus-toggle");
+    if (toggle) toggle.classList.toggle("on", state.focus);
   }
 
   function draw() {
@@ -332,6 +395,8 @@ SCRIPT = r"""
     drawControls(); drawInput(); drawHeadView(); drawModelView(); drawParity();
   }
   draw();
+  let resized = null;
+  window.addEventListener("resize", () => { clearTimeout(resized); resized = setTimeout(drawModelView, 100); });
   document.body.dataset.ready = "1";
 })();
 """

@@ -4,11 +4,14 @@
 
 - a head view: one layer, one colour per head; hover or click a token to see
   the lines from it (the query) to every key, thicker and darker where the
-  head puts more weight;
+  head puts more weight; a named head (the best coreference head) is
+  captioned, opened on and drawn over the others;
 - a model view: a grid of layers x heads, each head's whole attention map
-  (query rows down, key columns across, 0 white .. 1 dark);
+  (query rows down, key columns across, 0 white .. 1 dark), scaled to the
+  window (at least 48 px a side; a narrower window scrolls the panel);
 - the input beside them (a digit's pixels, one row per token, or the
-  sentence's tokens) and the prediction with its confidence;
+  sentence's tokens, word pieces joined to the piece typed before them) and
+  the prediction with its confidence;
 - with a float reference, a toggle between the device mode, the reference
   and both side by side, and a table of the attention's own parity per layer
   (max |Δ| and how often each query's most-attended key agrees).
@@ -34,6 +37,7 @@ from ..contract.files import write_bytes_atomic
 from .assets import SCRIPT, STYLE
 
 INPUT_KINDS = ("pixels", "text")
+PRONOUNS = ("it", "they", "them", "he", "she", "him", "her")
 _DIGITS = 4  # decimals kept in the page: 1e-4 is finer than an int8 quantum (1/256)
 
 
@@ -61,7 +65,13 @@ class ViewData:
         true_label: The label, when known (an eval sample).
         initial_query: Query row selected when the page opens (the pronoun's);
             default 0.
-        initial_layer: Layer the head view opens on.
+        initial_layer: Layer the head view opens on; default the named
+            head's layer, else 0.
+        joined: Optional, one flag per token: typed right after the token
+            before it, no space between (a word in pieces, "didn" "'" "t");
+            the page shows it attached to that token.
+        named_head: Optional `(layer, head)` the page names and highlights
+            (the best coreference head), with `named_head_caption`.
     """
 
     tokens: Sequence[str]
@@ -79,7 +89,27 @@ class ViewData:
     dropped: Sequence[str] = ()
     true_label: str | None = None
     initial_query: int | None = None
-    initial_layer: int = 0
+    initial_layer: int | None = None
+    joined: Sequence[bool] | None = None
+    named_head: tuple[int, int] | None = None
+    named_head_caption: str | None = None
+
+
+def initial_query(tokens: Sequence[str], joined: Sequence[bool] | None = None) -> int | None:
+    """The first pronoun's position (the page opens on its row), or None.
+
+    With `joined` (word pieces as typed, `WordPiece.typed`), a pronoun is a
+    whole word: not joined to the piece before it, nor followed by a joined
+    letter or digit ("it" of "exit" or "itself" is none; "it" of "it's" is).
+    """
+    joined = joined or [False] * len(tokens)
+    for i, token in enumerate(tokens):
+        if token.lower() not in PRONOUNS or joined[i]:
+            continue
+        after = i + 1 < len(tokens) and joined[i + 1] and tokens[i + 1][:1].isalnum()
+        if not after:
+            return i
+    return None
 
 
 def _invalid(argument: str, expected: str, received) -> ValueError:
@@ -152,7 +182,24 @@ def page_data(data: ViewData) -> dict:
     query = 0 if data.initial_query is None else int(data.initial_query)
     if not 0 <= query < n:
         raise _invalid("initial_query", f"a token index in [0, {n})", data.initial_query)
-    if not 0 <= int(data.initial_layer) < len(device):
+    joined = [False] * n if data.joined is None else [bool(j) for j in data.joined]
+    if len(joined) != n or joined[0]:
+        raise _invalid("joined", f"{n} flags (one per token), the first false", data.joined)
+    named = None
+    if data.named_head is not None:
+        heads = [int(a.shape[0]) for a in device]
+        expected = f"(layer, head) of heads per layer {heads}"
+        try:
+            layer, head = (int(v) for v in data.named_head)
+        except (TypeError, ValueError):
+            raise _invalid("named_head", expected, data.named_head) from None
+        if not (0 <= layer < len(device) and 0 <= head < heads[layer]):
+            raise _invalid("named_head", expected, (layer, head))
+        caption = data.named_head_caption or f"layer {layer} head {head}"
+        named = {"layer": layer, "head": head, "caption": str(caption)}
+    layer = data.initial_layer
+    layer = (0 if named is None else named["layer"]) if layer is None else int(layer)
+    if not 0 <= layer < len(device):
         raise _invalid("initial_layer", f"a layer index in [0, {len(device)})", data.initial_layer)
     probs = _probs("probs", data.probs, len(labels)) if labels else None
 
@@ -187,7 +234,9 @@ def page_data(data: ViewData) -> dict:
         "input": source,
         "notes": [str(note) for note in data.notes],
         "initial_query": query,
-        "initial_layer": int(data.initial_layer),
+        "initial_layer": layer,
+        "joined": joined,
+        "named_head": named,
     }
 
 

@@ -7,7 +7,8 @@
 - `reconstruction`: `trace`, `refit`, `reconstruct` (least squares after pruning).
 - `finetune`: a little more training, the way the run was trained.
 - `statistics`: `paired_drop` (bootstrap), per-cue accuracy.
-- `coref`: the coreference probe (which heads look from a pronoun at its referent).
+- `coref`: the coreference probe (which heads look from a pronoun at its referent),
+  and `read_best_head`, its best head for the head view pages and export.
 - `plotting`: the PNGs.
 - `commands` and `cli`: `keras-mha-heads` / `python -m keras_mha.heads`.
 """

@@ -6,7 +6,7 @@
                           [--finetune-lr LR] [--split train|validation] [--no-reconstruct]
                           [--overwrite]
     keras-mha-heads plot RUN_DIR --sample N
-    keras-mha-heads view RUN_DIR --sample N [--out FILE.html]
+    keras-mha-heads view RUN_DIR [--sample N | --text "..."] [--out FILE.html]
     keras-mha-heads coref RUN_DIR [--sentences 500] [--seed 0] [--bootstrap 1000] [--json OUT]
 
 Importance follows Michel, Levy & Neubig (2019), "Are Sixteen Heads Really
@@ -37,7 +37,13 @@ an encoder imported by keras-mha-import: on generated pronoun sentences
 (keras_mha.data), each head picks the candidate noun the pronoun's query row
 weighs most (a noun's word pieces summed); its accuracy against the referent,
 per cue and with a bootstrap interval, beside the nearest-noun, first-noun
-and chance baselines (keras_mha.heads.coref).
+and chance baselines (keras_mha.heads.coref). The table goes to
+RUN_DIR/heads/coref.json (or --json); `view` and keras-mha-export name its
+best head, and the page opens on it.
+
+`view` writes the head view page of the float Keras model for eval input N,
+or with --text for a sentence of your own (a run that reads words: an
+embedding run's word pieces as typed, or a classifier's vocab.json).
 """
 
 from __future__ import annotations
@@ -107,9 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/heads/heads_sampleN.png)")
     p = sub.add_parser("view", help="head view page (HTML) of the float model for one input")
     p.add_argument("run_dir")
-    p.add_argument("--sample", type=nonnegative_int, default=0, help=sample_help)
+    p.add_argument("--sample", type=nonnegative_int, default=None, help=sample_help)
     p.add_argument(
-        "--out", default=None, help="HTML path (default RUN_DIR/heads/view_sampleN.html)"
+        "--text",
+        default=None,
+        help="a sentence of your own instead of --sample (a run that reads words)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="HTML path (default RUN_DIR/heads/view_sampleN.html, or view_text.html)",
     )
     p = sub.add_parser(
         "coref", help="coreference probe: which heads look from a pronoun at its referent"
@@ -130,7 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="bootstrap resamples of the sentences for the 95 %% intervals (default 1000)",
     )
-    p.add_argument("--json", default=None, help="also write the whole table here (JSON)")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="write the whole table (JSON) here instead of RUN_DIR/heads/coref.json",
+    )
     return parser
 
 

@@ -1,9 +1,9 @@
 """The six commands of keras-mha-heads, each `cmd_NAME(args) -> exit status`.
 
 Each reads its run through `keras_mha.rundir`, computes with the library
-rooms of this package and writes JSON and PNGs into `RUN_DIR/heads/` (or a
-new run directory for `prune`; `coref` writes only its `--json`), always
-atomically.
+rooms of this package and writes JSON, PNGs and pages into `RUN_DIR/heads/`
+(or a new run directory for `prune`; `coref` writes RUN_DIR/heads/coref.json,
+or its `--json` instead), always atomically.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from keras_mha.heads.selection import pruning_curve, select_heads_to_prune
 from keras_mha.heads.statistics import cue_accuracy, paired_drop
 from keras_mha.heads.surgery import prune_model
 from keras_mha.rundir import RunWriter, check_out, read_run
-from keras_mha_edge.contract.files import check_writable, write_json_atomic
+from keras_mha_edge.contract.files import check_writable, sha256_file, write_json_atomic
 from keras_mha_edge.errors import UsageError
 
 HEADS_DIR = "heads"
@@ -312,30 +312,153 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    """The head view page (keras_mha_edge.view.page) from the float Keras model."""
-    from keras_mha_edge.view.page import ViewData, write_html
+    """The head view page (keras_mha_edge.view.page) from the float Keras model.
 
-    default = pathlib.Path(args.run_dir) / HEADS_DIR / f"view_sample{args.sample}.html"
+    `--sample N` (default 0): eval input N; `--text "..."`: a sentence of
+    your own, for a model that reads words (an embedding run's word pieces
+    or a classifier's vocab.json). The page names the best coreference head
+    when RUN_DIR/heads/coref.json (keras-mha-heads coref) is for this model.
+    """
+    from keras_mha.rundir.embedding import TASK, task_of
+
+    text = getattr(args, "text", None)
+    if text is not None and args.sample is not None:
+        raise UsageError("give --sample N or --text, not both", "--text")
+    sample = 0 if text is None and args.sample is None else args.sample
+    name = "view_text.html" if text is not None else f"view_sample{sample}.html"
+    default = pathlib.Path(args.run_dir) / HEADS_DIR / name
     out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")
-    run = read_run(args.run_dir)
-    s = _sample(run, args.sample)
-    text = run.vocab is not None
-    data = ViewData(
-        tokens=s.tokens,
-        device=s.scores,
-        labels=list(run.labels),
-        probs=s.probs,
-        input_kind="text" if text else "pixels",
-        pixels=None if text else s.x[0],
-        text=" ".join(s.tokens) if text else None,
-        mode="keras",
-        title=f"{run.dataset} sample {args.sample}: the float Keras model's heads",
-        true_label=run.labels[s.label],
-        initial_query=s.pronoun_index,
-    )
+    if task_of(pathlib.Path(args.run_dir)) == TASK:
+        data = _encoder_view(args.run_dir, sample, text)
+    else:
+        data = _classifier_view(args.run_dir, sample, text)
+    from keras_mha_edge.view.page import write_html
+
     write_html(out, data)
     print(f"wrote {out}")
     return 0
+
+
+def _named_head(run_dir: str, heads_per_layer, model_file) -> dict:
+    """ViewData's named head from RUN_DIR/heads/coref.json (printing why not, if stale)."""
+    from keras_mha.heads.coref import read_best_head
+
+    head, note = read_best_head(run_dir, heads_per_layer, model_file)
+    if note is not None:
+        print(f"note: {note}")
+    if head is None:
+        return {}
+    return {"named_head": (head.layer, head.head), "named_head_caption": head.caption()}
+
+
+def _encoder_view(run_dir: str, sample: int | None, text: str | None):
+    """An embedding run's page: word pieces as typed, the float encoder's attention."""
+    from keras import ops
+
+    from keras_mha.pretrained.bert import encoder_forward
+    from keras_mha.rundir.embedding import read_embedding_run
+    from keras_mha_edge.view.page import ViewData, initial_query
+
+    run = read_embedding_run(run_dir)
+    notes = []
+    if text is None:
+        n = len(run.texts)
+        if not 0 <= sample < n:
+            raise UsageError(f"--sample must be in [0, {n}); got {sample}")
+        sentence, ids = run.texts[sample], run.eval.x[sample]
+        ids = ids[: int(np.flatnonzero(ids).max()) + 1] if ids.any() else ids[:1]
+        title = f"{run.dataset} sentence {sample}"
+    else:
+        sentence = text
+        ids = run.tokenizer.encode([text])[0][0]
+        title = "your sentence"
+        if len(run.tokenizer.tokenizer.encode(text).overflowing):
+            notes.append(f"truncated to max_length {run.max_length} word pieces")
+    model = run.load_model()
+    _, weights = encoder_forward(model, ids[None], return_attention=True)
+    typed = run.tokenizer.typed(sentence, ids)
+    if typed is None:  # eval ids that are not the sentence's own pieces: show the raw ones
+        vocabulary = run.tokenizer.tokenizer
+        typed = [vocabulary.id_to_token(int(i)) or "?" for i in ids], None
+        notes.append("word pieces as the tokenizer wrote them (the text gives other ids)")
+    tokens, joined = typed
+    return ViewData(
+        tokens=tokens,
+        joined=joined,
+        device=[ops.convert_to_numpy(w)[0] for w in weights],
+        labels=[],
+        probs=None,
+        input_kind="text",
+        text=sentence,
+        mode="keras",
+        title=f'{title}: "{sentence}", the float Keras encoder\'s heads',
+        notes=notes,
+        initial_query=initial_query(tokens, joined),
+        **_named_head(run_dir, run.heads_per_layer, run.model_file),
+    )
+
+
+def _classifier_view(run_dir: str, sample: int | None, text: str | None):
+    """A trained run's page: eval input `sample`, or `text` through its vocab.json."""
+    from keras_mha_edge.view.page import ViewData, initial_query
+
+    run = read_run(run_dir)
+    if text is not None and run.vocab is None:
+        raise UsageError(
+            f"needs a model that reads words (a run with vocab.json); {run.dataset} takes "
+            "--sample N",
+            "--text",
+        )
+    if text is None:
+        s = _sample(run, sample)
+        probs, scores, tokens, query = s.probs, s.scores, s.tokens, s.pronoun_index
+        true_label, dropped = run.labels[s.label], ()
+        title = f"{run.dataset} sample {sample}: the float Keras model's heads"
+    else:
+        from keras import ops
+
+        from keras_mha.model import forward
+
+        encoded = run.vocab.analyze(text)
+        if not encoded.words:
+            raise UsageError(
+                f"no words found (token_pattern {run.vocab.token_pattern!r})", "--text"
+            )
+        probs, weights = forward(run.load_model(), encoded.ids[None], return_attention_scores=True)
+        probs, scores = (
+            ops.convert_to_numpy(probs)[0],
+            [ops.convert_to_numpy(w)[0] for w in weights],
+        )
+        tokens = run.vocab.decode(encoded.ids)
+        query, true_label = initial_query(tokens), None
+        dropped = encoded.words[run.vocab.max_length :]
+        title = f'"{text}": the float Keras model\'s heads'
+    if run.vocab is None:  # digits: the pixels, one row per token
+        return ViewData(
+            tokens=tokens,
+            device=scores,
+            labels=list(run.labels),
+            probs=probs,
+            input_kind="pixels",
+            pixels=s.x[0],
+            mode="keras",
+            title=title,
+            true_label=true_label,
+        )
+    return ViewData(
+        tokens=tokens,
+        device=scores,
+        labels=list(run.labels),
+        probs=probs,
+        input_kind="text",
+        text=" ".join(tokens) if text is None else text,
+        mode="keras",
+        title=title,
+        true_label=true_label,
+        dropped=dropped,
+        initial_query=query,
+        **_named_head(run_dir, [int(a.shape[0]) for a in scores], run.model_file),
+    )
 
 
 # ------------------------------------------------------------------- coref
@@ -352,6 +475,7 @@ class _TokenModel:
     offsets: object  # text -> each token's (start, end) characters
     attention: object  # texts -> (per sentence, per layer (h, T, T); predictions or None)
     unknown: object  # text -> the words the tokenizer does not know
+    model_file: pathlib.Path  # the model.keras probed (its sha256 goes into the table)
 
 
 def _token_model(run_dir: str) -> _TokenModel:
@@ -382,7 +506,9 @@ def _token_model(run_dir: str) -> _TokenModel:
                 text[s:e] for t, (s, e) in zip(encoding.tokens, encoding.offsets) if t == "[UNK]"
             )
 
-        return _TokenModel(TASK, lambda text: pieces.encode(text).offsets, attention, unknown)
+        return _TokenModel(
+            TASK, lambda text: pieces.encode(text).offsets, attention, unknown, run.model_file
+        )
 
     from keras_mha.heads.coref import word_offsets
     from keras_mha.model import forward
@@ -406,6 +532,7 @@ def _token_model(run_dir: str) -> _TokenModel:
         lambda text: word_offsets(text, vocab.token_pattern, vocab.max_length),
         attention,
         lambda text: vocab.analyze(text).unknown,
+        run.model_file,
     )
 
 
@@ -417,7 +544,9 @@ def cmd_coref(args: argparse.Namespace) -> int:
     if not 1 <= args.sentences <= MAX_SENTENCES:
         raise UsageError(f"--sentences must be in [1, {MAX_SENTENCES}]; got {args.sentences}")
     if args.json is not None:
-        check_writable(args.json, "--json")
+        out = check_writable(args.json, "--json")
+    else:
+        out = check_writable(pathlib.Path(args.run_dir) / coref.COREF_FILE, "RUN_DIR")
     tm = _token_model(args.run_dir)
     texts, labels, cues, counts = generate_pronouns(args.sentences, args.seed)
     sentences = [coref.parse_sentence(*row) for row in zip(texts, labels.tolist(), cues.tolist())]
@@ -451,20 +580,20 @@ def cmd_coref(args: argparse.Namespace) -> int:
     )
     model_accuracy = float(np.mean(correct)) if correct else None
     _print_coref(result, record, tm.kind, model_accuracy, args.seed)
-    if args.json is not None:
-        write_json_atomic(
-            args.json,
-            {
-                "run": str(args.run_dir),
-                "model": tm.kind,
-                "heads_per_layer": heads_per_layer,
-                "seed": args.seed,
-                "model_accuracy": model_accuracy,
-                **result.to_json(),
-                "lesson": record,
-            },
-        )
-        print(f"wrote {args.json}")
+    write_json_atomic(
+        out,
+        {
+            "run": str(args.run_dir),
+            "model": tm.kind,
+            "model_sha256": sha256_file(tm.model_file),
+            "heads_per_layer": heads_per_layer,
+            "seed": args.seed,
+            "model_accuracy": model_accuracy,
+            **result.to_json(),
+            "lesson": record,
+        },
+    )
+    print(f"wrote {out}")
     return 0
 
 

@@ -18,23 +18,31 @@ Everything here is NumPy on arrays and character offsets; the commands
     sentence = parse_sentence(text, label, cue)     # character spans of the words
     pronoun, nouns = token_spans(sentence, offsets)  # token spans in one tokenization
     result = probe(attention, pronouns, candidates, labels, cues)
+
+The command writes its table to RUN_DIR/heads/coref.json (`COREF_FILE`) with
+the sha256 of the model.keras it probed; `read_best_head` gives its best head
+to the head view pages and to export (the bundle manifest's `coref_head`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import pathlib
 import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from keras_mha.data import CUES, PRONOUN
+from keras_mha_edge.errors import UsageError
 
 LESSON = "The animal didn't cross the street because it was too tired."
 LESSON_LABEL = 0  # "it" is the animal
 WORD = re.compile(r"[a-z0-9']+")  # keras_mha_edge.contract.vocab.TOKEN_PATTERN
 PRONOUNS = tuple(p for p, _ in PRONOUN.values())  # ("it", "they")
 BASELINES = ("nearest noun", "first noun", "chance")
+COREF_FILE = pathlib.Path("heads") / "coref.json"  # in the run directory
 
 Span = tuple[int, int]  # [start, end): characters of a text, or token positions
 
@@ -306,3 +314,49 @@ def probe(
     return score_weights(
         weights, pronouns, candidates, labels, cues, heads_per_layer, resamples, seed
     )
+
+
+# --------------------------------------------------------------- the best head
+def read_best_head(
+    run_dir: str | os.PathLike, heads_per_layer: Sequence[int], model_file: str | os.PathLike
+):
+    """RUN_DIR/heads/coref.json's best head for the model in `model_file`: `(head, note)`.
+
+    `head` is a `keras_mha_edge.contract.attention.CorefHead` (what a bundle
+    manifest's `coref_head` holds), or None: without the file (note None),
+    or when the file is for another model.keras (its `model_sha256` differs)
+    or for other heads per layer (then `note` says so). A file that cannot be
+    read as the command writes it is a UsageError naming it.
+    """
+    from keras_mha_edge.contract.attention import CorefHead
+    from keras_mha_edge.contract.fields import Fields, parse_json
+    from keras_mha_edge.contract.files import sha256_file
+
+    path = pathlib.Path(run_dir) / COREF_FILE
+    if not path.is_file():
+        return None, None
+    try:
+        record = parse_json(path.read_bytes(), path)
+    except OSError as error:
+        raise UsageError(f"cannot read it ({error.strerror or error})", path) from None
+    again = f"rerun keras-mha-heads coref {run_dir}"
+    if not isinstance(record, dict) or not isinstance(record.get("heads"), list):
+        raise UsageError(f"not a keras-mha-heads coref table; {again}", path)
+    if record.get("model_sha256") != sha256_file(model_file):
+        return None, f"{path} is for another model.keras (sha256 differs): no head named; {again}"
+    if record.get("heads_per_layer") != list(heads_per_layer):
+        return None, (
+            f"{path} is for {record.get('heads_per_layer')} heads per layer, the model has "
+            f"{list(heads_per_layer)}: no head named; {again}"
+        )
+    best = record["heads"][0] if record["heads"] else None
+    if not isinstance(best, dict):
+        raise UsageError(f"has no heads; {again}", path)
+    entry = {k: best.get(k) for k in ("layer", "head", "accuracy", "ci95")}
+    head = CorefHead.from_json(
+        Fields(path), {"coref_head": {**entry, "sentences": record.get("sentences")}}
+    )
+    problem = head.problem(list(heads_per_layer))
+    if problem is not None:
+        raise UsageError(f"its best head's {problem[0]} {problem[1]}; {again}", path)
+    return head, None

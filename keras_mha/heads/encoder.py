@@ -40,7 +40,8 @@ and Michel's per-layer L2 normalisation, tried, prunes worse (0.952).
 
 Pruning (`prune_encoder`) removes heads for real (`MultiHeadAttention.pruned`)
 into a smaller encoder built with per-layer head counts and d_k pinned
-(`build_pruned_encoder`: `BertConfig` has one head count for all layers).
+(`build_pruned_encoder`); the pruned run's metrics.json records them in its
+config (`BertConfig.heads_per_layer`).
 
 Then `reconstruct_encoder` refits by least squares, on unlabeled sentences
 (the run's calibration sentences, never the eval ones), block by block, as
@@ -657,15 +658,18 @@ def write_pruned_run(run, pruned, out, pruning: dict, overwrite: bool = False, v
 
     eval.npz holds the pruned model's own vectors (export's float parity is
     against them); metrics.json is the source's plus `pruning` (the removed
-    heads, heads per layer, the figures against the unpruned vectors).
-    `config` stays the source's `BertConfig` (one head count: the source's);
-    the heads per layer are the model's and `pruning["heads_after"]`.
+    heads, heads per layer, the figures against the unpruned vectors), and
+    its `config` is the source's `BertConfig` with `heads_per_layer`, the
+    pruned model's heads (`num_heads` and `key_dim` stay the unpruned ones).
     `vectors`: `embed(pruned, run.eval.x)` if already made.
     """
+    import dataclasses
+
     from keras_mha.rundir.embedding import write_embedding_run
 
     vectors = embed(pruned, run.eval.x) if vectors is None else vectors
-    metrics = {**run.metrics, "pruning": pruning}
+    config = dataclasses.replace(run.config, heads_per_layer=tuple(heads_per_layer(pruned)))
+    metrics = {**run.metrics, "config": config.to_dict(), "pruning": pruning}
     return write_embedding_run(
         out,
         pruned,

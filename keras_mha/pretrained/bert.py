@@ -49,9 +49,14 @@ def build_encoder(
     `sequence_length=None` accepts any length up to `max_positions`. A pruned
     encoder (keras_mha/heads/encoder.py) has `heads_per_layer[l]` heads of
     size `key_dim` in block l; the blocks keep both in their own config, so
-    the saved model reloads as it is.
+    the saved model reloads as it is. Without the arguments, a config with
+    `heads_per_layer` (a pruned run's metrics.json) gives those heads, each
+    of the unpruned size `config.key_dim`.
     """
     config.validate()
+    if heads_per_layer is None and config.heads_per_layer is not None:
+        heads_per_layer = config.heads
+        key_dim = config.key_dim if key_dim is None else key_dim
     heads_per_layer = heads_per_layer or [config.num_heads] * config.num_layers
     ids = keras.Input((sequence_length,), batch_size=batch_size, dtype="int32", name="inputs")
     x = BertEmbeddings(

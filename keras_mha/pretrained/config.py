@@ -11,7 +11,7 @@ import json
 import pathlib
 from typing import Any
 
-from keras_mha_edge.errors import UsageError
+from keras_mha_edge.errors import UsageError, safe
 
 MODEL_TYPES = ("bert",)
 # Hugging Face's activation names and ours (TransformerEncoderBlock).
@@ -33,19 +33,38 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     activation: str = "gelu"  # ours: "gelu" (erf), "gelu_tanh", "relu"
     pad_token_id: int = 0
+    # A pruned encoder (keras-mha-heads prune): the heads left in each layer,
+    # each of size `key_dim` (d_model / num_heads, the unpruned model's). None:
+    # `num_heads` in every layer, and the key is not written.
+    heads_per_layer: tuple[int, ...] | None = None
 
     @property
     def key_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def heads(self) -> list[int]:
+        """The heads of each layer: `heads_per_layer`, or `num_heads` in every layer."""
+        if self.heads_per_layer is None:
+            return [self.num_heads] * self.num_layers
+        return list(self.heads_per_layer)
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if self.heads_per_layer is None:
+            del data["heads_per_layer"]  # an unpruned config as it always was
+        else:
+            data["heads_per_layer"] = list(self.heads_per_layer)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict, where: Any = "config") -> BertConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(data, dict) or set(data) - set(names):
             raise UsageError(f"expected an encoder config with keys {', '.join(names)}", where)
+        heads = data.get("heads_per_layer")
+        if isinstance(heads, list):
+            data = {**data, "heads_per_layer": tuple(heads)}
         try:
             config = cls(**data)
         except TypeError as error:
@@ -128,6 +147,20 @@ class BertConfig:
             raise UsageError(
                 f"pad_token_id {self.pad_token_id} is not supported; expected 0 "
                 "(the mask is `ids != 0`)",
+                where,
+            )
+        heads = self.heads_per_layer
+        if heads is not None and (
+            not isinstance(heads, (list, tuple))
+            or len(heads) != self.num_layers
+            or not all(
+                isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= self.num_heads
+                for h in heads
+            )
+        ):
+            raise UsageError(
+                f"heads_per_layer must be {self.num_layers} integers from 1 to num_heads "
+                f"{self.num_heads} (one per layer), got {safe(repr(heads), 80)}",
                 where,
             )
 

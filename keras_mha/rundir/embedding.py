@@ -7,6 +7,11 @@
       calibration.npz  x (M, T') token ids (int8 calibration)
       texts.json       the eval sentences, one per row of x
       tokenizer.json   the checkpoint's tokenizer (Hugging Face tokenizers)
+      heads/           optional: keras-mha-heads' results (coref.json: the best
+                       coreference head, which export copies into the bundle)
+
+metrics.json's `config` is a `BertConfig`; a pruned run's has `heads_per_layer`
+(the model's heads per layer; `load_model` checks them).
 
 Read and written with the device's own checks (`check_embedding_eval`,
 `parse_texts`, `WordPiece`), so export cannot bundle what the device refuses.
@@ -72,6 +77,7 @@ class EmbeddingRun:
         return self.path / "model.keras"
 
     def load_model(self):
+        from keras_mha.model import encoder_blocks
         from keras_mha.rundir.reading import load_keras_model
 
         model = load_keras_model(self.model_file)
@@ -81,7 +87,26 @@ class EmbeddingRun:
                 f"outputs {width} dimensions; metrics.json's config has {self.config.hidden_size}",
                 self.model_file,
             )
+        heads = [block.attention.num_heads for block in encoder_blocks(model)]
+        if heads != self.heads_per_layer:
+            raise UsageError(
+                f"has {heads} heads per layer; metrics.json says {self.heads_per_layer}",
+                self.model_file,
+            )
         return model
+
+    @property
+    def heads_per_layer(self) -> list[int]:
+        """The heads of each layer: the config's (`heads_per_layer` of a pruned run).
+
+        A run pruned before the config recorded them has them only in
+        `pruning.heads_after`.
+        """
+        pruning = self.metrics.get("pruning")
+        after = pruning.get("heads_after") if isinstance(pruning, dict) else None
+        if self.config.heads_per_layer is None and isinstance(after, list):
+            return after
+        return self.config.heads
 
 
 def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
