@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug",
         metavar="MODE",
         help="per tensor (and head), MODE's error against float32, worst first, on LiteRT "
-        "(all eval samples, or --sample N)",
+        "(all eval samples; the first 32 sentences, each at its own length, for an "
+        "encoder bundle; or --sample N)",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser

@@ -7,6 +7,11 @@ every row, as JSON) (per head
 where a tensor has the head axis), then the ops that compute in float in an
 integer mode. The head count comes from the attention signature's outputs
 `(1, heads, T, T)` when the bundle has one.
+
+A dynamic-length model (an embedding bundle's `dynamic_length`) runs each
+sentence at its own length, as the device does, and keeps every tensor of
+every sentence: by default only its first `DYNAMIC_SAMPLES` eval sentences
+(the header says so; `--sample N` debugs any one).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..runtimes.probe import probe_model
 from ..runtimes.runtime import RUNTIMES, select_runtime
 
 ROWS_SHOWN = 30
+DYNAMIC_SAMPLES = 32  # a dynamic-length model's default: its first 32 eval sentences
 
 
 def check_debug_runtime(choice: str) -> None:
@@ -49,10 +55,12 @@ def run_debug(
     sample: int | None,
     runtime_choice: str = "auto",
     json_path: pathlib.Path | None = None,
+    dynamic_samples: int | None = DYNAMIC_SAMPLES,
 ) -> int:
     """Print MODE's error table against float32 (`json_path`: every row as JSON too).
 
-    UsageError (exit 2) on bad input.
+    Without `sample`, every eval sample; a dynamic-length model's first
+    `dynamic_samples` (None: all). UsageError (exit 2) on bad input.
     """
     from ..contract.files import check_output, write_json_atomic
     from . import debugger
@@ -76,7 +84,16 @@ def run_debug(
     if json_path is not None:
         check_output(json_path, "--json", protected=bundle.root)
     runtime = select_runtime("litert")
-    x = bundle.eval.x if sample is None else bundle.eval.x[sample : sample + 1]
+    dynamic = any(bundle.manifest.models[name].dynamic_length for name in ("float32", mode))
+    own = ", each at its own length" if dynamic else ""
+    if sample is not None:
+        x, used = bundle.eval.x[sample : sample + 1], [sample]
+        what = f"eval sample {sample}{' at its own length' if dynamic else ''}"
+    elif dynamic and dynamic_samples is not None and samples > dynamic_samples:
+        x, used = bundle.eval.x[:dynamic_samples], list(range(dynamic_samples))
+        what = f"the first {dynamic_samples} of {samples} eval samples{own}"
+    else:
+        x, used, what = bundle.eval.x, samples, f"all {samples} eval samples{own}"
     # Each model's first load, with the debugger's own interpreter options, in
     # a child process: a malformed model crashes there, not here.
     for name in sorted({"float32", mode}):
@@ -93,9 +110,8 @@ def run_debug(
         probe.check_manifest(entry, bundle.path(entry.file))
     heads = _num_heads(bundle, mode)
     print(
-        f"bundle   {safe(bundle.root)}: {mode} against float32 on "
-        f"{'all ' + str(samples) + ' eval samples' if sample is None else 'eval sample ' + str(sample)}"
-        f"; {runtime.name} {runtime.version} builtin kernels; heads {heads or '?'}",
+        f"bundle   {safe(bundle.root)}: {mode} against float32 on {what}; "
+        f"{runtime.name} {runtime.version} builtin kernels; heads {heads or '?'}",
         flush=True,
     )
     try:
@@ -127,7 +143,7 @@ def run_debug(
                 "bundle": str(bundle.root.resolve()),
                 "mode": mode,
                 "reference": "float32",
-                "samples": samples if sample is None else [sample],
+                "samples": used,
                 "runtime": f"{runtime.name} {runtime.version} builtin kernels",
                 "rows": [row.to_json() for row in rows],
                 "float_ops": list(floats),

@@ -18,6 +18,14 @@ debugger runs LiteRT's builtin kernels: its final outputs can differ from the
 parity run's by a quantum. A deploy file with its names stripped cannot be
 matched: debug the named file.
 
+A dynamic-length model (input `[1, -1]`: token ids, an embedding bundle's
+`dynamic_length`) runs each sample at its own length, as the device does
+(`EdgeModel.own_lengths`: up to its last non-[PAD] id). Its tensors' shapes
+then differ between samples: the errors are over every sample's values
+(flattened, concatenated), a row's shape has -1 (`?` in the table) in each
+dim that changes with the length, and those dims are never the head axis.
+A fixed-shape model's samples are stacked and compared as one array.
+
 numpy and LiteRT only; `debug_mode` is what `keras-mha-edge BUNDLE --debug MODE` runs (cli.py).
 """
 
@@ -30,6 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..contract.tensors import TensorSpec
+from ..runtimes.model import EdgeModel
 from ..tables import format_table
 
 INTEGER_MODES = ("int8", "int16x8")
@@ -42,7 +51,7 @@ class DebugRow:
     name: str  # the tensor's name (its first ';'-part), without the model's prefix
     op: str  # the op that computes it ("input" for a graph input)
     head: int | None  # None: the whole tensor
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]  # -1: a dim that changes with a dynamic-length model's length
     dtype: str  # MODE's dtype
     scale: float | None  # MODE's scale (None: not quantized)
     rel_rmse: float
@@ -71,13 +80,29 @@ def _interpreter(content: bytes):
     return interpreter
 
 
-def _trace(content: bytes, x: np.ndarray) -> tuple[dict, dict, dict[int, str], dict[int, str]]:
+def _signature(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """One shape for a tensor seen at several lengths: -1 in each dim that changes."""
+    first = shapes[0]
+    if any(len(s) != len(first) for s in shapes):
+        return (-1,) * len(first)
+    return tuple(d if all(s[a] == d for s in shapes) else -1 for a, d in enumerate(first))
+
+
+def _trace(
+    content: bytes, x: np.ndarray
+) -> tuple[dict, dict[int, list[np.ndarray]], dict[int, str], dict[int, str], dict]:
     """Run every sample with all tensors kept.
 
     Returns (details by index, values by index, producing op by index, role by
-    index). Activations are stacked over samples `(N, ...)`; float constants
-    and float16 weights expanded by DEQUANTIZE ("const" role) are stored once
-    as `(1, ...)`.
+    index, shape by index). Values are lists of arrays whose first axis is the
+    sample: a fixed-shape model's activations are one array stacked over the
+    samples `(N, ...)`. A dynamic-length model (input `[1, -1]`, token ids)
+    runs each sample at its own length (`EdgeModel.own_lengths`), as the
+    device does, and keeps one `(1, ...)` array per sample; its shapes have
+    -1 in each dim that changes with the length (seen over the samples and
+    one extra run at another length, so one sample is enough). Float
+    constants and float16 weights expanded by DEQUANTIZE ("const" role) are
+    stored once as `[(1, ...)]`.
     """
     interpreter = _interpreter(content)
     details = {d["index"]: d for d in interpreter.get_tensor_details()}
@@ -85,6 +110,8 @@ def _trace(content: bytes, x: np.ndarray) -> tuple[dict, dict, dict[int, str], d
     producers = {int(t): op for op in all_ops for t in op["outputs"]}
     consumed = {int(t) for op in all_ops for t in op["inputs"]}
     (entry,) = interpreter.get_input_details()
+    signature = list(entry.get("shape_signature", []))
+    dynamic = len(signature) == 2 and signature[1] == -1
 
     def role(index: int) -> str:
         op = producers.get(index)
@@ -108,18 +135,40 @@ def _trace(content: bytes, x: np.ndarray) -> tuple[dict, dict, dict[int, str], d
     consts = [
         i for i in details if roles[i] == "const" and np.dtype(details[i]["dtype"]).kind == "f"
     ]
+    shapes = {i: tuple(int(d) for d in details[i]["shape"]) for i in details}
     prepared = TensorSpec.from_detail(entry).quantize(x)
-    values: dict[int, list[np.ndarray]] = {i: [] for i in acts}
-    kept: dict[int, np.ndarray] = {}
-    for n, sample in enumerate(prepared):
-        interpreter.set_tensor(entry["index"], sample[None])
+    lengths = EdgeModel.own_lengths(prepared) if dynamic else None
+    allocated = int(entry["shape"][-1])
+
+    def invoke(row: np.ndarray) -> None:
+        nonlocal allocated
+        if dynamic and row.shape[-1] != allocated:  # both resize and re-plan the arena
+            interpreter.resize_tensor_input(entry["index"], (1, row.shape[-1]))
+            interpreter.allocate_tensors()
+            allocated = row.shape[-1]
+        interpreter.set_tensor(entry["index"], row[None])
         interpreter.invoke()
+
+    values: dict[int, list[np.ndarray]] = {i: [] for i in acts}
+    kept: dict[int, list[np.ndarray]] = {}
+    for n, sample in enumerate(prepared):
+        invoke(sample if lengths is None else sample[: lengths[n]])
         for i in acts:
             values[i].append(interpreter.get_tensor(i).copy())
         if n == 0:
-            kept.update({i: interpreter.get_tensor(i)[None].copy() for i in consts})
-    kept.update({i: np.stack(v) for i, v in values.items()})
-    return details, kept, ops, roles
+            kept.update({i: [interpreter.get_tensor(i)[None].copy()] for i in consts})
+    if lengths is None:
+        kept.update({i: [np.stack(v)] for i, v in values.items()})
+        return details, kept, ops, roles, shapes
+    first = int(lengths[0])
+    other = np.zeros(first - 1 if first > 1 else 2, prepared.dtype)
+    other[: min(first, other.size)] = prepared[0, : min(first, other.size)]
+    invoke(other)
+    for i in acts:
+        seen = [v.shape for v in values[i]]
+        shapes[i] = _signature([*seen, interpreter.get_tensor(i).shape])
+        kept[i] = [v[None] for v in values[i]]
+    return details, kept, ops, roles, shapes
 
 
 def _by_name(details: dict, indices, roles: dict[int, str]) -> dict[tuple[str, str, int], int]:
@@ -140,10 +189,20 @@ def _short(name: str) -> str:
 
 
 def _head_axis(shape: tuple[int, ...], num_heads: int | None) -> int | None:
+    """The only non-batch axis of size `num_heads` (never a -1 dim: it changes with the length)."""
     if not num_heads or num_heads < 2 or len(shape) < 3:
         return None
     axes = [a for a in range(1, len(shape)) if shape[a] == num_heads]
     return axes[0] if len(axes) == 1 else None
+
+
+def _joined(parts: Sequence[np.ndarray], pick: tuple = ()) -> np.ndarray:
+    """Every part's values at `pick`: one part (a fixed-shape model's stack) as it is,
+    several (a dynamic-length model's samples, each its own length) flattened and
+    concatenated."""
+    if len(parts) == 1:
+        return parts[0][pick]
+    return np.concatenate([part[pick].ravel() for part in parts])
 
 
 def _errors(
@@ -174,8 +233,8 @@ def debug_mode(
         ValueError: no tensor names match (e.g. a stripped deploy file).
     """
     x = np.asarray(inputs)
-    f_details, f_values, _, f_roles = _trace(float_bytes, x)
-    m_details, m_values, producers, m_roles = _trace(mode_bytes, x)
+    f_details, f_values, _, f_roles, _ = _trace(float_bytes, x)
+    m_details, m_values, producers, m_roles, m_shapes = _trace(mode_bytes, x)
     float_keys = _by_name(f_details, f_values, f_roles)
     rows = []
     for key, index in _by_name(m_details, m_values, m_roles).items():
@@ -183,11 +242,16 @@ def debug_mode(
         if ref_index is None:
             continue
         ref, ours = f_values[ref_index], m_values[index]
-        if ref.shape != ours.shape or np.dtype(f_details[ref_index]["dtype"]).kind != "f":
+        if (
+            len(ref) != len(ours)
+            or any(a.shape != b.shape for a, b in zip(ref, ours))
+            or np.dtype(f_details[ref_index]["dtype"]).kind != "f"
+            or not any(a.size for a in ref)
+        ):
             continue
         spec = TensorSpec.from_detail(m_details[index])
-        ours = spec.dequantize(ours)
-        shape = tuple(int(d) for d in m_details[index]["shape"])
+        ours = [spec.dequantize(part) for part in ours]
+        shape = m_shapes[index]
         common = dict(
             name=_short(key[0]),
             op=producers[index],
@@ -195,17 +259,16 @@ def debug_mode(
             dtype=spec.dtype,
             scale=spec.scale,
         )
+        errors = _errors(_joined(ours), _joined(ref), spec.scale)
         rows.append(
             DebugRow(
-                head=None,
-                **common,
-                **dict(zip(("rel_rmse", "max_abs", "rmse_quanta"), _errors(ours, ref, spec.scale))),
+                head=None, **common, **dict(zip(("rel_rmse", "max_abs", "rmse_quanta"), errors))
             )
         )
         axis = _head_axis(shape, num_heads)
         for head in range(shape[axis] if axis is not None else 0):
-            pick = (slice(None),) * (axis + 1) + (head,)  # +1: the stacked sample axis
-            errors = _errors(ours[pick], ref[pick], spec.scale)
+            pick = (slice(None),) * (axis + 1) + (head,)  # +1: the sample axis
+            errors = _errors(_joined(ours, pick), _joined(ref, pick), spec.scale)
             rows.append(
                 DebugRow(
                     head=head, **common, **dict(zip(("rel_rmse", "max_abs", "rmse_quanta"), errors))
@@ -263,7 +326,7 @@ def format_debug_table(
             r.name,
             r.op,
             "all" if r.head is None else str(r.head),
-            "x".join(map(str, r.shape)),
+            "x".join("?" if d < 0 else str(d) for d in r.shape),
             r.dtype,
             f"{r.rel_rmse:.3g}",
             f"{r.max_abs:.3g}",
