@@ -204,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     for label in VARIANTS:
         print(f"test accuracy, {label}: {report['variants'][label]['test_accuracy']:.4f}")
+    # The full-integer issue's goal (docs/quantization.md): int8 no slower than float32.
+    print("\nper variant, each mode's p50 / float32's p50 (same run; goal for int8: <= 1)")
+    for label in VARIANTS:
+        modes = report["variants"][label]["modes"]
+        base = modes.get("float32", {}).get("latency_us")
+        ratios = {m: r["latency_us"] / base for m, r in modes.items() if base and m != "float32"}
+        report["variants"][label]["latency_vs_float32"] = ratios
+        print(f"  {label:34} " + "  ".join(f"{m} {v:.2f}" for m, v in ratios.items()))
 
     print("\ncold start: process start to first prediction (median)", flush=True)
     cold = cold_start(runs["keras_mha fused"], max(3, args.repeats // 3))

@@ -132,20 +132,24 @@ def convert(
     calibration: np.ndarray | None = None,
     *,
     attention_saved_model_dir: str | os.PathLike | None = None,
+    trim_padding: bool = False,
 ) -> bytes:
     """Convert the batch-1 SavedModel to a TFLite flatbuffer in `mode`.
 
     `calibration`: representative model inputs `(N, ...)` for `int8` and
-    `int16x8` (each fed as a batch of 1). `attention_saved_model_dir` (from
+    `int16x8` (each fed as a batch of 1). `trim_padding` (token ids, a
+    dynamic sequence axis): each sentence is fed at its own length, as the
+    device runs it, so [PAD] positions never widen a range.
+    `attention_saved_model_dir` (from
     `write_attention_saved_model`): also convert it, with the same
     calibration, and add it as the `view` signature (module docstring).
     Raises `ConversionError` with a one-line reason when the converter
     cannot produce the mode.
     """
-    classifier = _convert_one(saved_model_dir, mode, calibration)
+    classifier = _convert_one(saved_model_dir, mode, calibration, trim_padding)
     if attention_saved_model_dir is None:
         return classifier
-    attention = _convert_one(attention_saved_model_dir, mode, calibration)
+    attention = _convert_one(attention_saved_model_dir, mode, calibration, trim_padding)
     try:
         return add_view_signature(classifier, attention)
     except ValueError as error:
@@ -153,7 +157,10 @@ def convert(
 
 
 def _convert_one(
-    saved_model_dir: str | os.PathLike, mode: str, calibration: np.ndarray | None
+    saved_model_dir: str | os.PathLike,
+    mode: str,
+    calibration: np.ndarray | None,
+    trim_padding: bool = False,
 ) -> bytes:
     from keras_mha.quiet import captured_output  # not at the top: the package stays light
 
@@ -174,6 +181,8 @@ def _convert_one(
 
         def representative_dataset():
             for x in samples:
+                if trim_padding:  # up to the last token that is not [PAD] (0)
+                    x = x[: int(np.flatnonzero(x)[-1]) + 1] if x.any() else x[:1]
                 yield [x[None]]
 
         converter.representative_dataset = representative_dataset

@@ -64,7 +64,11 @@ def convert_mode(
     start = time.perf_counter()
     try:
         model = convert(
-            saved_model, mode, calibration, attention_saved_model_dir=attention_saved_model
+            saved_model,
+            mode,
+            calibration,
+            attention_saved_model_dir=attention_saved_model,
+            trim_padding=sequence_length is not None,
         )
     except ConversionError as error:
         return None, [f"the converter cannot produce {mode}: {error}"]

@@ -522,7 +522,8 @@ class MultiHeadAttention(keras.layers.Layer):
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
         weights = ops.softmax(ops.where(mask, scores, floor), axis=-1)
         # A query row with nothing to attend to gets zeros, as in Keras.
-        return ops.where(mask, weights, ops.zeros_like(weights))
+        # (a scalar 0, not zeros_like: with a dynamic length zeros_like stays float in int8)
+        return ops.where(mask, weights, 0.0)
 
     # ------------------------------------------------------- all heads fused
     def _fused_attention(
@@ -654,7 +655,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )  # [B, T, h, d_v]
             if attention_mask is not None:  # a row with nothing allowed: zeros
                 rows = ops.transpose(ops.any(attention_mask, axis=-1, keepdims=True), (0, 2, 1, 3))
-                output = ops.where(rows, output, ops.zeros_like(output))
+                output = ops.where(rows, output, 0.0)
             return output, None
         mask = None if attention_mask is None else axes.flatten_mask(attention_mask, query, key)
         heads, weights = self._scaled_dot_product_attention(

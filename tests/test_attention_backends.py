@@ -184,3 +184,28 @@ def test_heads_sharded_over_two_devices_with_model_parallel():
     assert result["shards"] == [[16, 2, 4]]  # each device holds 2 of the 4 heads
     assert result["diff"] < 1e-5
     assert np.isfinite(result["loss"]).all()
+
+
+def test_layer_norm_reads_a_rescaled_stream_exactly():
+    """`LayerNorm(input_scale=True)` fed x / s, with gamma * s / b and beta / b,
+    writes LayerNorm(x) / b: the folding keras_mha.pretrained.rescale relies on."""
+    from keras_mha import LayerNorm
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 8)).astype("float32")
+    x[..., 2] *= 60.0  # an outlier channel, as in BERT's residual stream
+    s = np.abs(x).max((0, 1)) / np.median(np.abs(x).max((0, 1)))
+    b = rng.uniform(0.5, 4.0, 8)
+    plain, scaled = LayerNorm(epsilon=1e-6), LayerNorm(epsilon=1e-6, input_scale=True)
+    plain.build(x.shape)
+    scaled.build(x.shape)
+    gamma, beta = 1 + 0.1 * rng.standard_normal(8), 0.1 * rng.standard_normal(8)
+    plain.set_weights([gamma, beta])
+    scaled.set_weights([gamma * s / b, beta / b, s])
+    want = keras.ops.convert_to_numpy(plain(x)) / b
+    got = keras.ops.convert_to_numpy(scaled((x / s).astype("float32")))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert np.abs(want).max() > 1.0  # not a comparison of zeros
+    assert scaled.get_config()["input_scale"] is True
+    assert "input_scale" not in plain.get_config()
+    assert [w.trainable for w in scaled.weights] == [True, True, False]

@@ -222,3 +222,49 @@ def test_debug_needs_the_float32_model(bundle_copy):
     status, _, err = run_main(main, [bundle_copy, "--debug", "int8"])
     assert status == 2
     one_error_line(err, "keras-mha-edge", "needs the bundle's float32 model")
+
+
+# --- text models: the embedding's index wrap --------------------------------
+
+
+def _ops(content: bytes) -> dict[str, int]:
+    from keras_mha_export.graph import op_histogram, read_graph
+
+    return op_histogram(read_graph(content))
+
+
+def test_drop_index_wrap_removes_only_the_wrap_in_front_of_the_gather(text_bundle, digits_bundle):
+    """Keras's `take` puts LESS, ADD, SELECT in front of the embedding's GATHER;
+    the deploy file has none of them and otherwise the same ops."""
+    from keras_mha_export.deploy import deploy_bytes, without_index_wrap
+
+    named = (text_bundle / "model_int8.tflite").read_bytes()
+    classifier, stripped = deploy_bytes(named)
+    before, after = _ops(named), _ops(stripped)
+    assert before["SELECT"] == before["LESS"] == 1 and before["GATHER"] == 1
+    assert "SELECT" not in after and "LESS" not in after and after["GATHER"] == 1
+    assert after["ADD"] == before["ADD"] - 1
+    assert sum(before.values()) - sum(after.values()) == 3
+    assert _ops(classifier) == after  # the named reference TFLM can run
+    digits = (digits_bundle / "model_int8.tflite").read_bytes()
+    assert without_index_wrap(digits) is digits  # no embedding: nothing to remove
+
+
+def test_text_bundle_runs_on_tflm_with_its_arena(text_bundle, app_dir, tmp_path):
+    """float32 and int8 of a token model run on TFLite Micro: export measured the
+    arena, and the device's `--runtime tflite-micro` meets the thresholds."""
+    manifest = json.loads((text_bundle / "manifest.json").read_text())
+    for mode in ("float32", "int8"):
+        entry = manifest["models"][mode]
+        assert entry["runtimes"]["tflite-micro"] is True, entry["micro"]
+        micro = entry["micro"]
+        assert 1024 < micro["reported_arena_bytes"] <= micro["arena_bytes"] < 256 * 1024
+        assert entry["deploy"]["verified_with"] == ["ai-edge-litert", "tflite-micro"]
+    report = tmp_path / "micro.json"
+    done = _device(
+        app_dir, micro_python(), text_bundle, "--runtime", "tflite-micro", "--json", report
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    modes = json.loads(report.read_text())["modes"]
+    assert modes["float32"]["passed"] is True and modes["int8"]["passed"] is True, modes
+    assert modes["float32"]["agreement"] == 1.0

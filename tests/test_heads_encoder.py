@@ -52,6 +52,23 @@ def sentences(n: int = 20, seed: int = 1) -> np.ndarray:
     return ids.astype("int32")
 
 
+def write_tiny_run(model, out: pathlib.Path):
+    """`model` as an embedding run at `out`: 16 eval sentences, 30 calibration."""
+    from keras_mha.rundir.embedding import write_embedding_run
+
+    ids, calibration = sentences(16, seed=5), sentences(30, seed=6)
+    return write_embedding_run(
+        out,
+        model,
+        {"dataset": "corpus", "seed": 0, "config": CONFIG.to_dict(), "max_length": 16},
+        ids,
+        E.embed(model, ids),
+        calibration,
+        [f"sentence {i}" for i in range(len(ids))],
+        tokenizer_json(),
+    )
+
+
 @pytest.fixture(scope="module")
 def model():
     return random_encoder()
@@ -223,19 +240,9 @@ def test_a_pruned_config_records_its_heads_per_layer():
 
 def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path, capsys):
     """`keras-mha-heads importance|prune RUN` for an embedding run (cmd_*_embedding)."""
-    from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
+    from keras_mha.rundir.embedding import read_embedding_run
 
-    ids, calibration = sentences(16, seed=5), sentences(30, seed=6)
-    source = write_embedding_run(
-        tmp_path / "source",
-        model,
-        {"dataset": "corpus", "seed": 0, "config": CONFIG.to_dict(), "max_length": 16},
-        ids,
-        E.embed(model, ids),
-        calibration,
-        [f"sentence {i}" for i in range(len(ids))],
-        tokenizer_json(),
-    )
+    source = write_tiny_run(model, tmp_path / "source")
     assert E.cmd_importance_embedding(argparse.Namespace(run_dir=str(source.path))) == 0
     result = json.loads((source.path / "heads" / "importance.json").read_text())
     assert len(result["heads"]) == 8 and -1 <= result["spearman_importance_ablation"] <= 1

@@ -120,3 +120,31 @@ def test_wordpiece_ids_equal_transformers_on_the_whole_corpus(minilm, tmp_path):
     ours = load().tokenize(every, theirs.shape[1])
     assert ours.shape == (len(every), theirs.shape[1]) == (489, 86)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_rescaling_brings_full_int8_several_times_closer(minilm_bundle, tmp_path):
+    """keras_mha.pretrained.rescale on the real model: float vectors unchanged, its
+    outliers cut, and full-integer int8 far closer to the float model than plain
+    post-training int8 (docs/quantization.md has the levers table; measured on
+    an Intel Xeon: mean cosine 0.72 -> 0.96, min 0.45 -> 0.81)."""
+    from keras_mha.pretrained.rescale import rescale_run
+    from keras_mha_export.bundle import export_bundle
+
+    quiet = {"log": lambda line: None}
+    run = rescale_run(minilm_bundle["run"].path, tmp_path / "rescaled", **quiet)
+    rescale = run.metrics["rescale"]
+    assert rescale["float_max_abs_diff"] <= 1e-5
+    assert max(rescale["largest_input_before"]) > 100  # the outliers were there
+    figures = {}
+    for name, source in (("plain", minilm_bundle["run"].path), ("rescaled", run.path)):
+        manifest = export_bundle(
+            source, tmp_path / f"{name}-bundle", "int8", allow_parity_failure=True, **quiet
+        )
+        entry = manifest.models.get("int8")
+        failure = manifest.failed.get("int8") if entry is None else None
+        assert failure is None or failure.stage == "parity", failure  # converted, fully integer
+        figures[name] = entry.parity if entry is not None else failure.parity
+    plain, rescaled = figures["plain"], figures["rescaled"]
+    assert 3 * (1 - rescaled.mean_cosine) <= 1 - plain.mean_cosine, (plain, rescaled)
+    assert rescaled.min_cosine >= plain.min_cosine + 0.2, (plain, rescaled)
+    assert rescaled.top5 > plain.top5

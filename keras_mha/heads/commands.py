@@ -433,29 +433,22 @@ def _classifier_view(run_dir: str, sample: int | None, text: str | None):
         query, true_label = initial_query(tokens), None
         dropped = encoded.words[run.vocab.max_length :]
         title = f'"{text}": the float Keras model\'s heads'
-    if run.vocab is None:  # digits: the pixels, one row per token
-        return ViewData(
-            tokens=tokens,
-            device=scores,
-            labels=list(run.labels),
-            probs=probs,
-            input_kind="pixels",
-            pixels=s.x[0],
-            mode="keras",
-            title=title,
-            true_label=true_label,
-        )
-    return ViewData(
+    common = dict(
         tokens=tokens,
         device=scores,
         labels=list(run.labels),
         probs=probs,
-        input_kind="text",
-        text=" ".join(tokens) if text is None else text,
         mode="keras",
         title=title,
         true_label=true_label,
+    )
+    if run.vocab is None:  # digits: the pixels, one row per token
+        return ViewData(input_kind="pixels", pixels=s.x[0], **common)
+    return ViewData(
+        input_kind="text",
+        text=" ".join(tokens) if text is None else text,
         dropped=dropped,
+        **common,
         initial_query=query,
         **_named_head(run_dir, [int(a.shape[0]) for a in scores], run.model_file),
     )

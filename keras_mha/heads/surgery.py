@@ -73,6 +73,11 @@ def prune_model(model, remove: dict[int, list[int]], config: ModelConfig):
 
 def ffn_layers(block) -> tuple:
     """The encoder block's two feed-forward Dense layers (in, out)."""
+    if getattr(block, "ffn_outliers", 0):
+        raise ValueError(
+            f"Block {block.name!r} splits its FFN (ffn_outliers={block.ffn_outliers}, an int8 "
+            "rescaling); prune the encoder before rescaling it."
+        )
     if hasattr(block, "ffn_in"):
         return block.ffn_in, block.ffn_out
     return block._ffn_in, block._ffn_out  # until layers.py makes them public
