@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from keras_mha_edge.contract.arrays import own_lengths
+
 if TYPE_CHECKING:
     import keras
 
@@ -179,11 +181,11 @@ def _convert_one(
             raise ValueError(f"Mode {mode!r} needs calibration inputs.")
         samples = np.asarray(calibration)
 
+        lengths = own_lengths(samples) if trim_padding else None  # the device's rule
+
         def representative_dataset():
-            for x in samples:
-                if trim_padding:  # up to the last token that is not [PAD] (0)
-                    x = x[: int(np.flatnonzero(x)[-1]) + 1] if x.any() else x[:1]
-                yield [x[None]]
+            for i, x in enumerate(samples):
+                yield [x[None] if lengths is None else x[None, : int(lengths[i])]]
 
         converter.representative_dataset = representative_dataset
     if mode in ("int8", "int16x8"):

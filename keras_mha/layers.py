@@ -49,7 +49,8 @@ class LayerNorm(keras.layers.Layer):
     to the size of the others before int8 sees them
     (keras_mha.pretrained.rescale). The centred x' stays divided by s; only
     the per-token mean and variance, which the outliers dominate anyway, see
-    the full-size values.
+    the full-size values. gamma then carries s (gamma * s): the normalised
+    value is (x s - mean) / std = s (x' - mean / s) / std.
     """
 
     def __init__(self, epsilon: float = 1e-6, input_scale: bool = False, **kwargs):

@@ -276,6 +276,14 @@ def check_probabilities(probs: np.ndarray, where: str | os.PathLike, name: str =
 UNIT_NORM_TOLERANCE = 1e-3
 
 
+def own_lengths(ids: np.ndarray) -> np.ndarray:
+    """Each row's length without its trailing padding (id 0), at least 1: the
+    length a dynamic-length model runs a sentence at (device, calibration)."""
+    nonzero = np.asarray(ids) != 0
+    last = nonzero.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
+    return np.where(nonzero.any(1), last, 1)
+
+
 def check_embedding_eval(x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike) -> EvalData:
     """An embedding model's `eval.npz`: token ids `x (N, T)` (0-padded, each row at
     least one token) and the float model's unit vectors `embeddings (N, d)`."""

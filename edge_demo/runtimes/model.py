@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from ..contract.arrays import own_lengths
 from ..contract.entries import ModelEntry, Signature
 from ..contract.tensors import TensorSpec
 from ..errors import UsageError
@@ -126,12 +127,7 @@ class EdgeModel:
         self.outputs = (TensorSpec.from_detail(interpreter.get_output_details()[0]),)
         self.input, self.output = self.inputs[0], self.outputs[0]
 
-    @staticmethod
-    def own_lengths(ids: np.ndarray) -> np.ndarray:
-        """Each row's length without its trailing padding (id 0), at least 1."""
-        nonzero = np.asarray(ids) != 0
-        last = nonzero.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
-        return np.where(nonzero.any(1), last, 1)
+    own_lengths = staticmethod(own_lengths)  # contract/arrays.py
 
     def run_signature(
         self, name: str, x: np.ndarray, signature: Signature | None = None

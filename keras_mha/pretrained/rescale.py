@@ -44,6 +44,7 @@ import pathlib
 
 import numpy as np
 
+from keras_mha_edge.contract.arrays import own_lengths
 from keras_mha_edge.errors import Parser, UsageError, run_main
 
 PROG = "python -m keras_mha.pretrained.rescale"
@@ -66,17 +67,22 @@ class NormRange:
         return f"{self.name}: reads {part(self.inputs)}; writes {part(self.outputs)}"
 
 
+def _embedding(model):
+    """The encoder's BertEmbeddings layer; ValueError for any other model."""
+    for layer in model.layers:
+        if type(layer).__name__ == "BertEmbeddings":
+            return layer
+    raise ValueError(
+        f"Model {model.name!r} is not an encoder from keras_mha.pretrained "
+        "(no BertEmbeddings); expected a model from keras-mha-import."
+    )
+
+
 def _norms(model) -> list:
     """The encoder's LayerNorms in the order the residual stream meets them."""
-    from keras_mha.model import encoder_blocks, is_encoder
+    from keras_mha.model import encoder_blocks
 
-    if not is_encoder(model):
-        raise ValueError(
-            f"Model {model.name!r} is not an encoder from keras_mha.pretrained "
-            "(no BertEmbeddings); expected a model from keras-mha-import."
-        )
-    embedding = next(layer for layer in model.layers if type(layer).__name__ == "BertEmbeddings")
-    norms = [embedding.norm]
+    norms = [_embedding(model).norm]
     for block in encoder_blocks(model):
         norms += [block.attention_norm, block.ffn_norm]
     return norms
@@ -128,11 +134,11 @@ def measure(model, ids: np.ndarray) -> tuple[list[NormRange], list[np.ndarray]]:
         norm.call = recording(i, norm.call)
     for i, dense in enumerate(hidden_layers):
         dense.call = recording_hidden(i, dense.call)
+    ids = np.asarray(ids)
     try:
-        for row in np.asarray(ids):
-            n = int((row != 0).sum())
-            if n:
-                model(row[None, :n])
+        for row, n in zip(ids, own_lengths(ids)):  # as the device and calibration cut them
+            if row.any():
+                model(row[None, : int(n)])
     finally:
         for layer in (*norms, *hidden_layers):
             del layer.call
@@ -190,8 +196,7 @@ def rescale_encoder(
     rescaled = keras.Model.from_config(config)
 
     values = {w.path: np.asarray(keras.ops.convert_to_numpy(w), np.float64) for w in model.weights}
-    embedding = next(layer for layer in model.layers if type(layer).__name__ == "BertEmbeddings")
-    e = embedding.path
+    e = _embedding(model).path
     for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
         values[f"{e}/{table}"] = values[f"{e}/{table}"] / first
 
