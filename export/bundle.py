@@ -260,13 +260,20 @@ def export_bundle(
             if view:
                 view_model = pathlib.Path(scratch) / "attention_saved_model"
                 write_attention_saved_model(loaded.model, view_model)
+            int8_models = None
+            if loaded.ranges is not None and "int8" in selected:
+                int8_models = _with_ranges_saved(loaded, pathlib.Path(scratch), view)
+                log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
             for mode in selected:
+                models = (
+                    int8_models if mode == "int8" and int8_models else (saved_model, view_model)
+                )
                 entry, found = convert_mode(
-                    saved_model,
+                    models[0],
                     mode,
                     loaded.calibration,
                     staging,
-                    view_model,
+                    models[1],
                     eval_samples=int(loaded.eval.x.shape[0]),
                     task=loaded.task,
                     sequence_length=int(loaded.eval.x.shape[1]) if loaded.embedding else None,
@@ -349,3 +356,23 @@ def export_bundle(
         final.write(staging)
         open_bundle(staging)  # the bundle as written reads back on the device
     return final
+
+
+def _with_ranges_saved(loaded, scratch: pathlib.Path, view: bool) -> tuple:
+    """The SavedModels of the int8 conversion: every point of keras_mha.qat rounds
+    to its range (FakeQuant ops, which the converter takes as the tensors' ranges)."""
+    from keras_mha import qat
+
+    from .convert import write_attention_saved_model, write_saved_model
+
+    qat.attach(loaded.model, loaded.ranges)
+    try:
+        model_dir = scratch / "saved_model_ranges"
+        write_saved_model(loaded.model, model_dir)
+        view_dir = None
+        if view:
+            view_dir = scratch / "attention_saved_model_ranges"
+            write_attention_saved_model(loaded.model, view_dir)
+    finally:
+        qat.detach(loaded.model)
+    return model_dir, view_dir

@@ -63,6 +63,8 @@ class Source:
     texts: tuple[str, ...] = ()
     tokenizer_bytes: bytes | None = None
     max_length: int | None = None
+    # ranges.json (keras_mha.qat): int8 ranges the int8 conversion takes as given.
+    ranges: dict | None = None
 
     @property
     def embedding(self) -> bool:
@@ -77,7 +79,7 @@ def run_files(run_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     """The files of a run directory an export reads (for the target checks)."""
     names = {"model": "model.keras", "eval": "eval.npz", "calibration": "calibration.npz"}
     names.update(labels="labels.json", vocab="vocab.json", metrics="metrics.json")
-    names.update(texts="texts.json", tokenizer="tokenizer.json")
+    names.update(texts="texts.json", tokenizer="tokenizer.json", ranges="ranges.json")
     return {role: run_dir / name for role, name in names.items()}
 
 
@@ -171,7 +173,7 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
     from keras_mha.rundir.embedding import task_of
 
     if task_of(run_dir) == "embedding":
-        return _load_embedding_run(run_dir)
+        return _with_ranges(_load_embedding_run(run_dir), run_dir)
     run = read_run(run_dir)  # UsageError, one line, for any file that is not right
     with captured_output():
         model = run.load_model()
@@ -182,7 +184,7 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
     )
     if vocab is not None:
         check_text_inputs(vocab, ev.x, run_dir / "vocab.json")
-    return Source(
+    source = Source(
         files={k: v for k, v in run_files(run_dir).items() if v.exists()},
         model=model,
         calibration=run.calibration,
@@ -191,6 +193,24 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
         vocab=vocab,
         dataset=run.dataset,
     )
+    return _with_ranges(source, run_dir)
+
+
+def _with_ranges(source: Source, run_dir: pathlib.Path) -> Source:
+    """The run's ranges.json (keras_mha.qat), checked against its model, if it has one."""
+    path = run_dir / "ranges.json"
+    if not path.exists():
+        return source
+    from keras_mha import qat
+
+    try:
+        source.ranges = qat.load_ranges(path)
+        qat.attach(source.model, source.ranges)  # names a point the model lacks: ValueError
+    except ValueError as error:
+        raise UsageError(str(error).removeprefix(f"{path}: "), path) from None
+    finally:
+        qat.detach(source.model)
+    return source
 
 
 def _load_embedding_run(run_dir: pathlib.Path) -> Source:

@@ -44,6 +44,7 @@ from keras_mha.attention_masks import (
     set_keras_mask,
     sliding_window_mask,
 )
+from keras_mha.qat import HOOK, point
 
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
 
@@ -456,6 +457,7 @@ class MultiHeadAttention(keras.layers.Layer):
             and all(d.quantization_mode is None for d in self._projections())  # float kernels
             and self._activity_regularizer is None  # the sublayers' calls add its losses
             and not self._overrides_compute_attention  # a subclass's attention is called
+            and HOOK not in self.__dict__  # quantization-aware (keras_mha.qat): fused
         )
 
     # ---------------------------------------------------- the lesson, per head
@@ -504,9 +506,10 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # q k^T   [..., T, S]
         scores = scores * ops.cast(inverse_sqrt(self.d_k), scores.dtype)  # / sqrt(d_k)
-        weights = self._masked_softmax(scores, mask)  # [..., T, S]
+        scores = point(self, "scores", scores)  # int8 rounds here (keras_mha.qat), as below
+        weights = point(self, "weights", self._masked_softmax(scores, mask))  # [..., T, S]
         dropped = self._dropout_layer(weights, training=training) if self.dropout else weights
-        return ops.matmul(dropped, v), weights  # [..., T, d_v]
+        return point(self, "heads", ops.matmul(dropped, v)), weights  # [..., T, d_v]
 
     def _masked_softmax(self, scores, mask):
         """softmax over the positions the mask allows; zeros for empty rows.
@@ -520,7 +523,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is None:
             return ops.softmax(scores, axis=-1)
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
-        weights = ops.softmax(ops.where(mask, scores, floor), axis=-1)
+        weights = ops.softmax(point(self, "masked_scores", ops.where(mask, scores, floor)), axis=-1)
         # A query row with nothing to attend to gets zeros, as in Keras.
         # (a scalar 0, not zeros_like: with a dynamic length zeros_like stays float in int8)
         return ops.where(mask, weights, 0.0)
@@ -564,9 +567,9 @@ class MultiHeadAttention(keras.layers.Layer):
                 use_causal_mask=use_causal_mask,
             )
         gate = self._gate_dense(query) if self._use_gate else None  # sigmoid  [B, T, h, d_v]
-        q = self._query_dense(query)  # [B, T, h, d_k]
-        k = self._key_dense(key)  # [B, S, h, d_k]
-        v = self._value_dense(value)  # [B, S, h, d_v]
+        q = point(self, "query", self._query_dense(query))  # [B, T, h, d_k]
+        k = point(self, "key", self._key_dense(key))  # [B, S, h, d_k]
+        v = point(self, "value", self._value_dense(value))  # [B, S, h, d_v]
         options = {}
         if self._compute_attention_takes_scores_flag:
             options["return_attention_scores"] = return_attention_scores
@@ -584,7 +587,9 @@ class MultiHeadAttention(keras.layers.Layer):
             # re-assemble all head outputs side by side: Concat(head_1..head_h)
             shape = tuple(ops.shape(heads)[:-2]) + (self.num_heads * self.d_v,)
             return ops.reshape(heads, shape), None  # [B, T, h * d_v]
-        return self._output_dense(heads), scores  # Concat(...) W^O   [B, T, d_out]
+        return point(
+            self, "output", self._output_dense(heads)
+        ), scores  # Concat(...) W^O  [B, T, d_out]
 
     def _compute_attention(
         self,
@@ -671,6 +676,8 @@ class MultiHeadAttention(keras.layers.Layer):
         """Whether `_compute_attention` calls ops.dot_product_attention for
         these projected heads: (B, T, h, d_k) queries, (B, S, h, d_v) values."""
         if return_attention_scores or self.dropout > 0.0 or len(query.shape) != 4:
+            return False
+        if HOOK in self.__dict__:  # quantization-aware: the explicit softmax's points
             return False
         backend = keras.backend.backend()
         if backend == "jax" and query.shape[-1] != value.shape[-1]:

@@ -19,6 +19,7 @@ import numpy as np
 from keras import ops
 
 from keras_mha.attention import MultiHeadAttention
+from keras_mha.qat import HOOK, point
 
 
 def _mean_square(x):
@@ -76,15 +77,18 @@ class LayerNorm(keras.layers.Layer):
 
     def call(self, x):
         if self.scale is None:
-            mean = ops.mean(x, axis=-1, keepdims=True)
-            xc = x - mean  # centred
-            var = ops.mean(xc * xc, axis=-1, keepdims=True)
+            # point(): where an int8 model rounds, when quantization-aware (keras_mha.qat)
+            mean = point(self, "mean", ops.mean(x, axis=-1, keepdims=True))
+            xc = point(self, "centred", x - mean)
+            var = point(self, "variance", ops.mean(xc * xc, axis=-1, keepdims=True))
         else:  # x is x' = x / s: the statistics of x s; the centred values stay divided by s
             s = ops.cast(self.scale, x.dtype)
-            mean = ops.mean(x * s, axis=-1, keepdims=True)
-            xc = x - mean * (1.0 / s)  # (x s - mean) / s
-            var = _mean_square(xc * s)
-        return xc * ops.rsqrt(var + self.epsilon) * self.gamma + self.beta
+            mean = point(self, "mean", ops.mean(x * s, axis=-1, keepdims=True))
+            xc = point(self, "centred", x - mean * (1.0 / s))  # (x s - mean) / s
+            var = point(self, "variance", _mean_square(xc * s))
+        inverse_std = point(self, "inverse_std", ops.rsqrt(var + self.epsilon))
+        normalized = point(self, "normalized", xc * inverse_std)
+        return point(self, "output", normalized * self.gamma + self.beta)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -179,7 +183,9 @@ class MaskedMeanPooling(keras.layers.Layer):
             return ops.mean(x, axis=1)
         keep = ops.where(ops.expand_dims(mask, -1), 1.0, 0.0)  # (B, T, 1)
         keep = ops.cast(keep, x.dtype)
-        return ops.sum(x * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
+        return point(
+            self, "mean", ops.sum(x * keep, axis=1) / ops.maximum(ops.sum(keep, axis=1), 1.0)
+        )
 
     def compute_mask(self, x, mask=None):
         return None
@@ -345,14 +351,27 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 return_attention_scores=return_attention_scores,
             )
             attended, scores = out if return_attention_scores else (out, None)
-        x = self.attention_norm(x + self.attention_dropout(attended, training=training))
-        ffn = self._ffn_out(self._ffn_in(x))
+        # point(): where int8 rounds, when quantization-aware (keras_mha.qat)
+        x = point(self, "attention_sum", x + self.attention_dropout(attended, training=training))
+        x = self.attention_norm(x)
+        ffn = self._ffn_out(point(self, "ffn_hidden", self._hidden(self._ffn_in, x, "ffn_pre")))
         if self.ffn_outliers:
-            ffn = ffn + self._ffn_out_outliers(self._ffn_in_outliers(x))
-        x = self.ffn_norm(x + self.ffn_dropout(ffn, training=training))
+            outliers = self._hidden(self._ffn_in_outliers, x, "ffn_pre_outliers")
+            outliers = point(self, "ffn_hidden_outliers", outliers)
+            ffn = point(self, "ffn_output", ffn) + self._ffn_out_outliers(outliers)
+        ffn = point(self, "ffn", ffn)
+        x = self.ffn_norm(point(self, "ffn_sum", x + self.ffn_dropout(ffn, training=training)))
         if return_attention_scores:
             return x, scores
         return x
+
+    def _hidden(self, dense, x, name: str):
+        """The FFN's hidden units, `dense(x)`; quantization-aware, its input to
+        the activation is a point too (TFLite keeps it as a tensor of its own)."""
+        if HOOK not in self.__dict__ or self.activation == "relu":  # TFLite fuses a ReLU
+            return dense(x)
+        linear = ops.matmul(x, dense.kernel) + dense.bias
+        return dense.activation(point(self, name, linear))
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -427,7 +446,7 @@ class BertEmbeddings(keras.layers.Layer):
         x = ops.take(self.word_embeddings, ids, axis=0)  # (B, T, d)
         x = x + ops.expand_dims(self.position_embeddings[:length], 0)  # + position t
         x = x + self.token_type_embeddings[0]  # + segment A
-        return self.norm(x)
+        return self.norm(point(self, "sum", x))
 
     def compute_mask(self, ids, mask=None):
         return ops.not_equal(ids, 0)

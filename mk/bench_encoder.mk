@@ -48,8 +48,9 @@ bench-encoder: $(ENCODER_STAMP) $(if $(filter $(ENCODER_RUN)/bundle,$(ENCODER_BU
 
 # make int8-levers: what each full-integer int8 lever gives all-MiniLM-L6-v2
 # (docs/quantization.md): rescaling alphas, the FFN split, per-head
-# attention, each exported in int8 and scored by the device's code (about
-# 2 minutes a lever on 2 cores).
+# attention, ranges by error, quantization-aware distillation, each exported
+# in int8 and scored by the device's code (about 2 minutes a lever on 2
+# cores, the distillation 10 more).
 int8-levers: install
 	test -f $(ENCODER_RUN)/model.keras || $(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ENCODER_RUN)
 	$(PY) benchmarks/int8_levers.py $(ENCODER_RUN) --json benchmarks/results/int8_levers.json

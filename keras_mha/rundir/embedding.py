@@ -172,8 +172,10 @@ def write_embedding_run(
     texts: list[str],
     tokenizer_bytes: bytes,
     overwrite: bool = False,
+    extra: dict[str, bytes] | None = None,
 ) -> EmbeddingRun:
-    """Check everything as `read_embedding_run` would, then write the run whole."""
+    """Check everything as `read_embedding_run` would, then write the run whole
+    (with `extra` files: name -> bytes, e.g. keras_mha.qat's ranges.json)."""
     out = check_out(out, overwrite)
     metrics = {**metrics, "task": TASK}
     run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes)
@@ -185,6 +187,8 @@ def write_embedding_run(
         np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
         (staging / "texts.json").write_bytes(texts_json(texts))
         (staging / "tokenizer.json").write_bytes(tokenizer_bytes)
+        for name, data in (extra or {}).items():
+            (staging / name).write_bytes(data)
         swap_into_place(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="train under a tf.distribute strategy",
     )
     parser.add_argument(
+        "--qat",
+        type=nonnegative_int,
+        default=0,
+        metavar="EPOCHS",
+        help="then fine-tune EPOCHS epochs with int8's rounding in the loop (keras_mha.qat); "
+        "the run gets ranges.json for its int8 export (default: 0, none)",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing run directory"
     )
     parser.add_argument(
@@ -113,6 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         num_layers=args.num_layers,
         ff_dim=args.ff_dim,
         dropout=args.dropout,
+        qat_epochs=args.qat,
     )
     summary = (
         f"{metrics['dataset']}: test accuracy {metrics['test_accuracy']:.4f}, "

@@ -7,7 +7,7 @@ import os
 from keras_mha import data as datasets
 from keras_mha.rundir import RunWriter
 from keras_mha.train import memory
-from keras_mha.train.record import run_metrics, write_training_run
+from keras_mha.train.record import calibration_sample, run_metrics, write_training_run
 from keras_mha.train.settings import resolve_settings
 
 
@@ -25,6 +25,7 @@ def train(
     patience: int | None = None,
     shift_augment: bool | None = None,
     deterministic: bool = True,
+    qat_epochs: int = 0,
     **model_options,
 ) -> dict:
     """Train a classifier on `dataset` and write the run directory `out`.
@@ -44,6 +45,9 @@ def train(
         verbose: Keras `fit` verbosity (0 quiet, 1 a progress bar, 2 a line per epoch).
         deterministic: Enable TensorFlow's op determinism for the run, so
             the same seed on the same machine gives the same metrics.
+        qat_epochs: Then fine-tune this many epochs with int8's rounding
+            in the loop (keras_mha.qat_train.fine_tune_classifier): the run
+            gets ranges.json, which the int8 export takes.
         **model_options: `ModelConfig` fields (d_model, num_heads,
             num_layers, ff_dim, dropout, positional, ...).
 
@@ -54,6 +58,7 @@ def train(
         UsageError: For bad input (settings, a model too large for the
             memory, an unwritable `out`), before any training starts.
     """
+    from keras_mha.qat_train import fine_tune_classifier, ranges_bytes
     from keras_mha.train.fit import fit
 
     config, settings = resolve_settings(
@@ -71,6 +76,21 @@ def train(
     with RunWriter(f"runs/{dataset}" if out is None else out, overwrite) as writer:
         data = datasets.load_dataset(dataset, seed)
         fitted = fit(data, config, settings, distribute, verbose, deterministic)
+        qat = None
+        if qat_epochs:
+            fitted, ranges, qat = fine_tune_classifier(
+                fitted,
+                data,
+                calibration_sample(data.x_train, config.seed),
+                epochs=qat_epochs,
+                learning_rate=settings.learning_rate / 10,
+                batch_size=settings.batch_size,
+                seed=config.seed,
+                verbose=verbose,
+            )
         metrics = run_metrics(data, config, settings, fitted, distribute, deterministic)
+        if qat is not None:
+            metrics["qat"] = qat
+            (writer.staging / "ranges.json").write_bytes(ranges_bytes(ranges, qat))
         write_training_run(writer, data, config, fitted, metrics)
     return metrics

@@ -1,0 +1,306 @@
+"""Quantization-aware training of a run directory: `keras-mha-qat RUN --out OUT`.
+
+The model is fine-tuned with int8's rounding in the loop (keras_mha.qat:
+each point of our layers rounded to a range chosen on the calibration set),
+on whatever Keras backend is active, and written as a new run with its
+ranges (ranges.json), which `keras-mha-export --quant int8` then gives the
+converter as the tensors' ranges:
+
+- an embedding run (keras-mha-import): distillation, no labels. The student
+  starts as the encoder and learns to give, with rounding, the float
+  encoder's unit vector (loss 1 - cosine) for sentences cut and joined from
+  the calibration sentences (the eval sentences are never seen). The new
+  run's eval reference stays the float encoder's vectors, so its int8 is
+  checked against the model as it was imported;
+- a classification run (keras-mha-train): the task's loss on its training
+  data, with rounding (`keras-mha-train --qat EPOCHS` runs this after the
+  float training). The eval reference is the fine-tuned model's float
+  outputs, as for any run.
+
+Either way, `metrics.json` gets a "qat" section: the rule and the number of
+ranges, the steps, the loss before and after, and how close the model with
+rounding is to the float reference on the eval set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+
+import numpy as np
+
+from keras_mha.quiet import import_tensorflow
+from keras_mha_edge.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
+
+PROG = "keras-mha-qat"
+DEFAULTS = {"rule": "mse", "steps": 400, "batch_size": 16, "learning_rate": 2e-5, "seed": 0}
+
+
+# ------------------------------------------------------------------- sentences
+def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> list[np.ndarray]:
+    """`count` token-id rows made from the calibration sentences: each an
+    original, a random span of one, or two joined, between [CLS] and [SEP]."""
+    from keras_mha_edge.contract.arrays import own_lengths
+
+    rng = np.random.default_rng(seed)
+    lengths = own_lengths(calibration)
+    rows = [calibration[i, : int(n)] for i, n in enumerate(lengths)]
+    cls_id, sep_id = int(rows[0][0]), int(rows[0][-1])
+    inner = [r[1:-1] for r in rows]
+    width = calibration.shape[1]
+    out = []
+    for _ in range(count):
+        kind = rng.integers(3)
+        a = inner[rng.integers(len(inner))]
+        if kind == 1 and len(a) > 3:
+            start = int(rng.integers(0, len(a) - 2))
+            a = a[start : start + int(rng.integers(3, len(a) - start + 1))]
+        elif kind == 2:
+            a = np.concatenate([a, inner[rng.integers(len(inner))]])[: width - 2]
+        out.append(np.concatenate([[cls_id], a, [sep_id]]).astype("int32"))
+    return out
+
+
+def padded_batches(rows: list[np.ndarray], batch_size: int, seed: int) -> list[np.ndarray]:
+    """`rows` in batches of similar length, each 0-padded to its own longest row, shuffled."""
+    order = np.argsort([len(r) for r in rows], kind="stable")
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    np.random.default_rng(seed).shuffle(groups)
+    batches = []
+    for group in groups:
+        x = np.zeros((len(group), max(len(rows[i]) for i in group)), "int32")
+        for j, i in enumerate(group):
+            x[j, : len(rows[i])] = rows[i]
+        batches.append(x)
+    return batches
+
+
+def _dataset(batches: list[np.ndarray], targets: list[np.ndarray]):
+    """A Keras PyDataset of (x, target) batches: `fit` on any backend."""
+    import keras
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return len(batches)
+
+        def __getitem__(self, index):
+            return batches[index], targets[index]
+
+    return Batches()
+
+
+# -------------------------------------------------------------------- training
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+    b = b / np.maximum(np.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
+    return np.sum(a * b, axis=-1)
+
+
+def encode_each(model, x: np.ndarray) -> np.ndarray:
+    """The model's vector for each row of `x`, at the row's own length (as the device runs it)."""
+    from keras_mha_edge.contract.arrays import own_lengths
+
+    lengths = own_lengths(x)
+    return np.concatenate(
+        [np.asarray(model(x[i : i + 1, : int(n)], training=False)) for i, n in enumerate(lengths)]
+    )
+
+
+def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> dict:
+    """An embedding run fine-tuned with rounding by distillation; written to `out`."""
+    import keras
+
+    from keras_mha import qat
+    from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
+    from keras_mha.rundir.writing import check_out
+    from keras_mha_edge.contract.arrays import own_lengths
+
+    s = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
+    check_out(out, overwrite)
+    keras.utils.set_random_seed(s["seed"])
+    run = read_embedding_run(run_dir)
+    model = run.load_model()
+    calibration = run.calibration
+    recorder = qat.record(model, calibration, lengths=own_lengths(calibration))
+    ranges = qat.choose_ranges(recorder, s["rule"])
+    log(f"{run_dir}: {len(ranges)} ranges by {s['rule']!r} from {len(calibration)} sentences")
+    rows = distillation_ids(calibration, s["steps"] * s["batch_size"], s["seed"])
+    batches = padded_batches(rows, s["batch_size"], s["seed"])
+    teacher = [np.asarray(model(x, training=False)) for x in batches]  # the float vectors
+    reference = run.eval.probs  # the float encoder's eval vectors (eval.npz)
+    qat.attach(model, ranges)
+    try:
+        before = _cosines(encode_each(model, run.eval.x), reference)
+        log(
+            f"  with rounding, before training: eval cosine min {before.min():.4f} "
+            f"mean {before.mean():.4f}"
+        )
+        model.compile(
+            optimizer=keras.optimizers.Adam(s["learning_rate"]),
+            loss=keras.losses.CosineSimilarity(axis=-1),
+        )
+        history = model.fit(_dataset(batches, teacher), epochs=1, verbose=0)
+        after = _cosines(encode_each(model, run.eval.x), reference)
+    finally:
+        qat.detach(model)
+    floated = _cosines(encode_each(model, run.eval.x), reference)
+    log(
+        f"  after {len(rows) // s['batch_size']} steps: eval cosine with rounding min "
+        f"{after.min():.4f} mean {after.mean():.4f}; without rounding min {floated.min():.4f}"
+    )
+    report = {
+        **{k: s[k] for k in DEFAULTS},
+        "ranges": len(ranges),
+        "sentences": len(rows),
+        "loss": [round(float(v), 6) for v in history.history["loss"]],
+        "eval_cosine_with_rounding_before": _summary(before),
+        "eval_cosine_with_rounding": _summary(after),
+        "eval_cosine_float": _summary(floated),
+        "backend": keras.backend.backend(),
+    }
+    metrics = {**run.metrics, "qat": report}
+    ranges_json = ranges_bytes(ranges, report)
+    write_embedding_run(
+        out,
+        model,
+        metrics,
+        run.eval.x,
+        run.eval.probs,
+        calibration,
+        list(run.texts),
+        (pathlib.Path(run.path) / "tokenizer.json").read_bytes(),
+        overwrite=overwrite,
+        extra={"ranges.json": ranges_json},
+    )
+    return report
+
+
+def fine_tune_classifier(
+    fitted, data, calibration, *, epochs, learning_rate, batch_size, rule="mse", seed=0, verbose=0
+):
+    """`fitted.model` (keras_mha.train.fit) fine-tuned `epochs` epochs with rounding,
+    on the task's loss: returns (fitted with the new model's float outputs, ranges, report).
+
+    The ranges are chosen once, on `calibration` before the fine-tuning, and
+    kept: they are the ranges the int8 export then takes.
+    """
+    import dataclasses
+
+    import keras
+
+    from keras_mha import qat
+
+    model = fitted.model
+    keras.utils.set_random_seed(seed)
+    ranges = qat.choose_ranges(qat.record(model, calibration, seed=seed), rule)
+
+    def accuracy(x, y) -> float:
+        return float((model.predict(x, batch_size=256, verbose=0).argmax(-1) == y).mean())
+
+    float_before = accuracy(data.x_test, data.y_test)
+    qat.attach(model, ranges)
+    try:
+        rounded_before = accuracy(data.x_test, data.y_test)
+        model.compile(
+            optimizer=keras.optimizers.Adam(learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+        history = model.fit(
+            data.x_train,
+            data.y_train,
+            validation_data=(data.x_val, data.y_val),
+            epochs=epochs,
+            batch_size=batch_size,
+            shuffle=True,
+            verbose=verbose,
+        )
+        rounded_after = accuracy(data.x_test, data.y_test)
+    finally:
+        qat.detach(model)
+    test_probs = model.predict(data.x_test, batch_size=256, verbose=0).astype("float32")
+    val_probs = model.predict(data.x_val, batch_size=256, verbose=0)
+    report = {
+        "rule": rule,
+        "ranges": len(ranges),
+        "epochs": epochs,
+        "learning_rate": learning_rate,
+        "loss": [round(float(v), 6) for v in history.history["loss"]],
+        "test_accuracy_float_before": float_before,
+        "test_accuracy_with_rounding_before": rounded_before,
+        "test_accuracy_with_rounding": rounded_after,
+        "backend": keras.backend.backend(),
+    }
+    fitted = dataclasses.replace(fitted, test_probs=test_probs, val_probs=val_probs)
+    return fitted, ranges, report
+
+
+def _summary(cosines: np.ndarray) -> dict:
+    return {"min": round(float(cosines.min()), 6), "mean": round(float(cosines.mean()), 6)}
+
+
+def ranges_bytes(ranges: dict, report: dict) -> bytes:
+    """ranges.json's bytes (keras_mha.qat.load_ranges reads them)."""
+    body = {
+        "rule": report["rule"],
+        "ranges": {k: [float(lo), float(hi)] for k, (lo, hi) in ranges.items()},
+    }
+    return (json.dumps(body, indent=1) + "\n").encode()
+
+
+# ------------------------------------------------------------------ command
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[0])
+    parser.add_argument("run_dir", type=pathlib.Path, help="an embedding run (keras-mha-import)")
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the new run directory")
+    parser.add_argument(
+        "--rule",
+        choices=("minmax", "percentile", "mse"),
+        default=DEFAULTS["rule"],
+        help=f"how each point's range is chosen (default {DEFAULTS['rule']})",
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=DEFAULTS["steps"], help="training steps"
+    )
+    parser.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
+    parser.add_argument("--learning-rate", type=float, default=DEFAULTS["learning_rate"])
+    parser.add_argument("--seed", type=nonnegative_int, default=DEFAULTS["seed"])
+    parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = build_parser().parse_args(argv)
+        from keras_mha.rundir.embedding import task_of
+        from keras_mha.rundir.writing import check_out
+
+        if not (args.run_dir / "metrics.json").is_file():
+            raise UsageError("not a run directory (no metrics.json)", args.run_dir)
+        if task_of(args.run_dir) != "embedding":
+            raise UsageError(
+                "a classification run; its quantization-aware training is keras-mha-train --qat",
+                args.run_dir,
+            )
+        if not 0 < args.learning_rate < 1:
+            raise UsageError(f"must be in (0, 1); got {args.learning_rate}", "--learning-rate")
+        check_out(args.out, args.overwrite)
+        import_tensorflow()
+        distill_encoder(
+            args.run_dir,
+            args.out,
+            overwrite=args.overwrite,
+            rule=args.rule,
+            steps=args.steps,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            seed=args.seed,
+        )
+        return 0
+
+    return run_main(PROG, body)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

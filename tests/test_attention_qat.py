@@ -1,0 +1,181 @@
+"""Quantization-aware models (keras_mha.qat) on every Keras backend.
+
+The points of our layers change nothing until a hook is attached; recorded,
+they give a range per tensor; attached, every point rounds to 256 steps of
+its range and the model still trains (a straight-through gradient). The
+main run covers TensorFlow; tests/keras_suite/run.py runs this file in
+.venv-jax and .venv-torch. tests/test_qat_export.py checks that the int8
+TFLite export takes the ranges.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_mha import ModelConfig, build_classifier, qat
+
+CONFIG = ModelConfig(d_model=16, num_heads=2, ff_dim=16, num_layers=2, num_classes=3, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8, 8)).astype("float32")
+    y = (x[:, :, 0].mean(-1) > 0).astype("int32") + (x[:, :, 1].mean(-1) > 0.3)
+    return x, y.astype("int32")
+
+
+@pytest.fixture()
+def model():
+    keras.utils.set_random_seed(0)
+    return build_classifier(CONFIG)
+
+
+def _predict(model, x):
+    return keras.ops.convert_to_numpy(model(x, training=False))
+
+
+def test_points_change_nothing_until_a_hook_is_attached(model, data):
+    x, _ = data
+    before = _predict(model, x)
+    recorder = qat.record(model, x[:4])
+    after = _predict(model, x)
+    np.testing.assert_array_equal(before, after)  # record() detaches
+    names = {key.rsplit("/", 1)[1] for key in recorder.low}
+    # every kind of point of the block, the attention and the LayerNorms
+    assert {"query", "key", "value", "scores", "weights", "heads"} <= names
+    assert {"output", "attention_sum", "ffn_hidden", "ffn", "ffn_sum"} <= names
+    assert "ffn_pre" not in names  # a ReLU's input: TFLite fuses the ReLU, no tensor of its own
+    assert {"mean", "centred", "variance", "inverse_std", "normalized"} <= names
+    blocks = {key.split("/")[0] for key in recorder.low}
+    assert len(blocks) == 2  # both blocks, each under its own path
+
+
+def test_ranges_by_rule(model, data):
+    x, _ = data
+    recorder = qat.record(model, x[:16])
+    by_rule = {rule: qat.choose_ranges(recorder, rule) for rule in qat.RULES}
+    for key, (low, high) in by_rule["minmax"].items():
+        if key.endswith("/weights"):
+            assert (low, high) == qat.SOFTMAX_RANGE  # TFLite's fixed softmax output
+            continue
+        # TFLite's range: as wide as what was seen (with 0), shifted so 0 is a step
+        assert high - low == pytest.approx(
+            max(recorder.high[key], 0) - min(recorder.low[key], 0), rel=1e-6
+        )
+        step = (high - low) / 255
+        assert low / step == pytest.approx(round(low / step), abs=1e-6)
+    for key in by_rule["minmax"]:
+        if key.endswith("/weights"):
+            continue
+        values, weights = recorder.values(key)
+        errors = {
+            rule: np.average(
+                (qat.rounded(values, *by_rule[rule][key]) - values) ** 2, weights=weights
+            )
+            for rule in ("minmax", "mse")
+        }
+        assert errors["mse"] <= errors["minmax"] + 1e-12  # mse searches minmax's range too
+
+
+def test_mse_range_from_the_weighted_sample_is_the_best_on_all_values():
+    """Student's t (4 degrees of freedom), 100,000 values: a few far out, as
+    after a GELU. The recorder keeps 1 % of the tail and 4,096 others; the
+    range it picks is as good, on all the values, as the best one found
+    with all of them."""
+    values = np.random.default_rng(0).standard_t(4, 100_000)
+    recorder = qat.Recorder()
+    recorder("x/y", values)
+    assert recorder.values("x/y")[0].size == 1000 + 4096
+    low, high = qat.choose_ranges(recorder, "mse")["x/y"]
+
+    def error(lo, hi):
+        return np.mean((qat.rounded(values, lo, hi) - values) ** 2)
+
+    best = min(error(c * values.min(), c * values.max()) for c in np.linspace(0.2, 1, 81))
+    assert error(low, high) <= 1.05 * best
+    assert error(low, high) < error(values.min(), values.max())
+    assert high - low < values.max() - values.min()  # the tail is clipped
+
+
+def test_attached_points_round_to_their_grid(model, data):
+    x, _ = data
+    ranges = qat.choose_ranges(qat.record(model, x[:16]), "minmax")
+    # One block's attention output, rounded: it sits on its range's grid.
+    key = next(k for k in ranges if k.endswith("attention/output"))
+    qat.attach(model, ranges)
+    try:
+        seen = {}
+
+        class Spy(qat._Rounder):
+            def __call__(self, name, value):
+                out = super().__call__(name, value)
+                if name == key:
+                    seen["out"] = keras.ops.convert_to_numpy(out)
+                return out
+
+        qat._set_hook(model, Spy(ranges))
+        rounded = _predict(model, x[:8])
+    finally:
+        qat.detach(model)
+    low, high = qat.nudge(*ranges[key])
+    steps = (seen["out"] - low) / ((high - low) / 255)
+    np.testing.assert_allclose(steps, np.round(steps), atol=2e-3)
+    assert np.unique(np.round(steps)).size > 20  # not collapsed to a few values
+    floated = _predict(model, x[:8])
+    assert 0 < np.abs(rounded - floated).max() < 0.2  # rounding moves the output, a little
+
+
+def test_training_with_rounding_lowers_the_loss_on_this_backend(model, data):
+    x, y = data
+    ranges = qat.choose_ranges(qat.record(model, x[:32]), "mse")
+    qat.attach(model, ranges)
+    try:
+        model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
+        history = model.fit(x, y, epochs=6, batch_size=16, verbose=0)
+    finally:
+        qat.detach(model)
+    loss = history.history["loss"]
+    assert np.isfinite(loss).all()
+    # The straight-through gradient trains it: a separable target, 6 epochs
+    # of Adam 1e-2 from log(3) (measured well under 0.8 of the start).
+    assert loss[-1] < 0.8 * loss[0]
+
+
+def test_ranges_file_round_trips_and_bad_ones_are_refused(model, data, tmp_path):
+    x, _ = data
+    ranges = qat.choose_ranges(qat.record(model, x[:8]), "minmax")
+    path = tmp_path / "ranges.json"
+    qat.save_ranges(ranges, path, rule="minmax")
+    loaded = qat.load_ranges(path)
+    assert loaded.keys() == ranges.keys()
+    np.testing.assert_allclose([loaded[k] for k in ranges], [ranges[k] for k in ranges])
+    assert json.loads(path.read_text())["rule"] == "minmax"
+    assert not list(tmp_path.glob("*.tmp"))
+    qat.attach(model, qat.load_ranges(path))
+    qat.detach(model)
+    bad = tmp_path / "bad.json"
+    for body in ("{", '{"ranges": {"a/b": [1.0, 2.0]}}', '{"ranges": {"a/b": ["x", 1]}}', "[]"):
+        bad.write_text(body)
+        with pytest.raises(ValueError, match="not a ranges file") as error:
+            qat.load_ranges(bad)
+        assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="name no layer of this model"):
+        qat.attach(model, {"no_such_layer/query": (-1.0, 1.0)})
+
+
+def test_predict_follows_attach_and_detach(model, data):
+    """`predict` keeps the function it traced: attach and detach drop it."""
+    x, _ = data
+    floated = model.predict(x, verbose=0)
+    ranges = qat.choose_ranges(qat.record(model, x[:16]), "minmax")
+    qat.attach(model, ranges)
+    rounded = model.predict(x, verbose=0)
+    qat.detach(model)
+    again = model.predict(x, verbose=0)
+    assert np.abs(rounded - floated).max() > 1e-4
+    np.testing.assert_allclose(again, floated, atol=1e-6)

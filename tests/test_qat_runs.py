@@ -1,0 +1,118 @@
+"""Quantization-aware training of run directories, end to end.
+
+`keras-mha-train --qat EPOCHS` (a classifier) and `keras-mha-qat RUN`
+(a sentence encoder, by distillation) write a run with ranges.json;
+keras-mha-export gives those ranges to the int8 conversion and the bundle
+verifies. The eval reference of a classifier is its float model's output
+(not the rounded one); an encoder's stays the float encoder's vectors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from test_heads_encoder import random_encoder, write_tiny_run
+
+from keras_mha import qat
+from keras_mha.qat_train import distillation_ids, main
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        keras.backend.backend() != "tensorflow", reason="the runs export on TensorFlow"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def pronouns_qat(tmp_path_factory):
+    from keras_mha.train import train
+
+    out = tmp_path_factory.mktemp("qat") / "pronouns"
+    metrics = train(
+        "pronouns", out, epochs=3, qat_epochs=1, d_model=16, num_heads=2, ff_dim=16, verbose=0
+    )
+    return out, metrics
+
+
+def test_train_qat_writes_ranges_and_float_references(pronouns_qat):
+    from keras_mha.rundir import read_run
+
+    out, metrics = pronouns_qat
+    report = metrics["qat"]
+    assert report["epochs"] == 1 and report["rule"] == "mse"
+    assert len(report["loss"]) == 1 and np.isfinite(report["loss"]).all()
+    ranges = qat.load_ranges(out / "ranges.json")
+    assert len(ranges) == report["ranges"] > 20
+    run = read_run(out)
+    model = run.load_model()
+    floated = keras.ops.convert_to_numpy(model(run.eval.x[:64], training=False))
+    # eval.npz is the float model's softmax, not the rounded model's
+    np.testing.assert_allclose(run.eval.probs[:64], floated, atol=1e-5)
+    qat.attach(model, ranges)
+    rounded = keras.ops.convert_to_numpy(model(run.eval.x[:64], training=False))
+    qat.detach(model)
+    assert np.abs(rounded - floated).max() > 1e-6
+
+
+def test_export_gives_the_ranges_to_int8_only(pronouns_qat, tmp_path):
+    from keras_mha_export.bundle import export_bundle
+
+    out, _ = pronouns_qat
+    lines = []
+    # three epochs leave the classifier near chance, its classes near ties:
+    # parity is not what this checks
+    manifest = export_bundle(
+        out, tmp_path / "bundle", "float32,int8", log=lines.append, allow_parity_failure=True
+    )
+    assert set(manifest.models) == {"float32", "int8"}
+    assert manifest.models["float32"].verified
+    taken = [line for line in lines if "ranges from ranges.json" in line]
+    assert len(taken) == 1 and f"takes {len(qat.load_ranges(out / 'ranges.json'))} " in taken[0]
+
+
+def test_a_foreign_ranges_file_is_refused_in_one_line(pronouns_qat, tmp_path):
+    import shutil
+
+    from keras_mha_export.cli import main as export_main
+
+    out, _ = pronouns_qat
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    (copy / "ranges.json").write_text(json.dumps({"ranges": {"other/query": [-1, 1]}}))
+    assert export_main([str(copy), "--out", str(tmp_path / "b"), "--quant", "int8"]) == 2
+    assert not (tmp_path / "b").exists()
+
+
+def test_distillation_sentences_come_from_the_calibration_only():
+    calibration = np.array([[101, 5, 6, 7, 8, 102, 0], [101, 9, 10, 102, 0, 0, 0]], "int32")
+    rows = distillation_ids(calibration, 50, seed=0)
+    assert len(rows) == 50
+    for row in rows:
+        assert row[0] == 101 and row[-1] == 102 and len(row) <= calibration.shape[1]
+        assert set(row[1:-1].tolist()) <= {5, 6, 7, 8, 9, 10}
+    assert len({tuple(r) for r in rows}) > 5  # spans and joins, not only the two
+
+
+def test_keras_mha_qat_distils_an_encoder_run(tmp_path, capsys):
+    from keras_mha.rundir.embedding import read_embedding_run
+
+    source = write_tiny_run(random_encoder(seed=2), tmp_path / "run").path
+    out = tmp_path / "qat"
+    args = [str(source), "--out", str(out), "--steps", "6", "--batch-size", "4"]
+    assert main(args) == 0
+    run = read_embedding_run(out)
+    report = json.loads((out / "metrics.json").read_text())["qat"]
+    assert report["sentences"] == 24 and len(report["loss"]) == 1
+    # the eval reference stays the float encoder's vectors
+    np.testing.assert_array_equal(run.eval.probs, read_embedding_run(source).eval.probs)
+    ranges = qat.load_ranges(out / "ranges.json")
+    assert report["ranges"] == len(ranges)
+    assert any(key.endswith("attention/masked_scores") for key in ranges)
+    # an encoder command refuses a classifier run, in one line
+    assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("keras-mha-qat: error:")
