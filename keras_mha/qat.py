@@ -16,7 +16,7 @@ on every backend:
 - `attach(model, ranges)`: each point rounds to its range with
   `keras.quantizers.fake_quant_with_min_max_vars` (a straight-through
   gradient on JAX and PyTorch, TensorFlow's FakeQuant op on TensorFlow).
-  Trained so (`keras_mha.quant_train`), the weights learn to live with the
+  Trained so (`keras_mha.qat_train`), the weights learn to live with the
   steps; written to a SavedModel so, the TFLite converter takes each
   point's range as that tensor's int8 range and calibrates the others.
 
