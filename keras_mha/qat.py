@@ -42,6 +42,7 @@ __all__ = [
     "detach",
     "load_ranges",
     "point",
+    "ranges_json",
     "record",
     "save_ranges",
 ]
@@ -231,12 +232,17 @@ def attach(model, ranges: dict) -> None:
     _set_hook(model, _Rounder(ranges))
 
 
+def ranges_json(ranges: dict, **meta) -> bytes:
+    """ranges.json's bytes: {...meta, "ranges": {point: [low, high]}}."""
+    body = {**meta, "ranges": {k: [float(lo), float(hi)] for k, (lo, hi) in ranges.items()}}
+    return (json.dumps(body, indent=1) + "\n").encode("utf-8")
+
+
 def save_ranges(ranges: dict, path: str | os.PathLike, **meta) -> None:
-    """ranges.json: {"ranges": {point: [low, high]}, ...meta}, written atomically."""
+    """`ranges_json` written to `path` atomically."""
     path = pathlib.Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    body = {**meta, "ranges": {k: [float(lo), float(hi)] for k, (lo, hi) in ranges.items()}}
-    tmp.write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
+    tmp.write_bytes(ranges_json(ranges, **meta))
     os.replace(tmp, path)
 
 

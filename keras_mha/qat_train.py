@@ -8,7 +8,7 @@ converter as the tensors' ranges:
 
 - an embedding run (keras-mha-import): distillation, no labels. The student
   starts as the encoder and learns to give, with rounding, the float
-  encoder's unit vector (loss 1 - cosine) for sentences cut and joined from
+  encoder's unit vector (loss: minus the cosine) for sentences cut and joined from
   the calibration sentences (the eval sentences are never seen). The new
   run's eval reference stays the float encoder's vectors, so its int8 is
   checked against the model as it was imported;
@@ -25,7 +25,6 @@ rounding is to the float reference on the eval set.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -38,9 +37,10 @@ DEFAULTS = {"rule": "mse", "steps": 400, "batch_size": 16, "learning_rate": 2e-5
 
 
 # ------------------------------------------------------------------- sentences
-def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> list[np.ndarray]:
-    """`count` token-id rows made from the calibration sentences: each an
-    original, a random span of one, or two joined, between [CLS] and [SEP]."""
+def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
+    """`count` token-id rows (0-padded to the calibration's width) made from the
+    calibration sentences: each an original, a random span of one, or two
+    joined, between [CLS] and [SEP]."""
     from keras_mha_edge.contract.arrays import own_lengths
 
     rng = np.random.default_rng(seed)
@@ -49,8 +49,8 @@ def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> list
     cls_id, sep_id = int(rows[0][0]), int(rows[0][-1])
     inner = [r[1:-1] for r in rows]
     width = calibration.shape[1]
-    out = []
-    for _ in range(count):
+    out = np.zeros((count, width), "int32")
+    for i in range(count):
         kind = rng.integers(3)
         a = inner[rng.integers(len(inner))]
         if kind == 1 and len(a) > 3:
@@ -58,22 +58,8 @@ def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> list
             a = a[start : start + int(rng.integers(3, len(a) - start + 1))]
         elif kind == 2:
             a = np.concatenate([a, inner[rng.integers(len(inner))]])[: width - 2]
-        out.append(np.concatenate([[cls_id], a, [sep_id]]).astype("int32"))
+        out[i, : len(a) + 2] = np.concatenate([[cls_id], a, [sep_id]])
     return out
-
-
-def padded_batches(rows: list[np.ndarray], batch_size: int, seed: int) -> list[np.ndarray]:
-    """`rows` in batches of similar length, each 0-padded to its own longest row, shuffled."""
-    order = np.argsort([len(r) for r in rows], kind="stable")
-    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    np.random.default_rng(seed).shuffle(groups)
-    batches = []
-    for group in groups:
-        x = np.zeros((len(group), max(len(rows[i]) for i in group)), "int32")
-        for j, i in enumerate(group):
-            x[j, : len(rows[i])] = rows[i]
-        batches.append(x)
-    return batches
 
 
 def _dataset(batches: list[np.ndarray], targets: list[np.ndarray]):
@@ -91,20 +77,16 @@ def _dataset(batches: list[np.ndarray], targets: list[np.ndarray]):
 
 
 # -------------------------------------------------------------------- training
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
-    b = b / np.maximum(np.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
-    return np.sum(a * b, axis=-1)
+def _eval_figures(model, run) -> dict:
+    """The model's eval vectors against the float encoder's (eval.npz), by the device's measure."""
+    from keras_mha.heads.encoder import embed
+    from keras_mha_edge.contract.parity import measure_embeddings
 
-
-def encode_each(model, x: np.ndarray) -> np.ndarray:
-    """The model's vector for each row of `x`, at the row's own length (as the device runs it)."""
-    from keras_mha_edge.contract.arrays import own_lengths
-
-    lengths = own_lengths(x)
-    return np.concatenate(
-        [np.asarray(model(x[i : i + 1, : int(n)], training=False)) for i, n in enumerate(lengths)]
-    )
+    figures = measure_embeddings(embed(model, run.eval.x), run.eval.probs)
+    return {
+        name: round(float(getattr(figures, name)), 6)
+        for name in ("min_cosine", "mean_cosine", "top1")
+    }
 
 
 def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> dict:
@@ -112,6 +94,7 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
     import keras
 
     from keras_mha import qat
+    from keras_mha.heads.encoder import batches
     from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
     from keras_mha.rundir.writing import check_out
     from keras_mha_edge.contract.arrays import own_lengths
@@ -125,42 +108,37 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
     recorder = qat.record(model, calibration, lengths=own_lengths(calibration))
     ranges = qat.choose_ranges(recorder, s["rule"])
     log(f"{run_dir}: {len(ranges)} ranges by {s['rule']!r} from {len(calibration)} sentences")
-    rows = distillation_ids(calibration, s["steps"] * s["batch_size"], s["seed"])
-    batches = padded_batches(rows, s["batch_size"], s["seed"])
-    teacher = [np.asarray(model(x, training=False)) for x in batches]  # the float vectors
-    reference = run.eval.probs  # the float encoder's eval vectors (eval.npz)
+    ids = distillation_ids(calibration, s["steps"] * s["batch_size"], s["seed"])
+    parts = batches(ids, s["batch_size"])  # similar lengths, each cut to its longest
+    np.random.default_rng(s["seed"]).shuffle(parts)
+    xs = [x for _, x in parts]
+    teacher = [np.asarray(model(x, training=False)) for x in xs]  # the float vectors
     qat.attach(model, ranges)
     try:
-        before = _cosines(encode_each(model, run.eval.x), reference)
-        log(
-            f"  with rounding, before training: eval cosine min {before.min():.4f} "
-            f"mean {before.mean():.4f}"
-        )
+        before = _eval_figures(model, run)
+        log(f"  with rounding, before training: eval {before}")
         model.compile(
             optimizer=keras.optimizers.Adam(s["learning_rate"]),
-            loss=keras.losses.CosineSimilarity(axis=-1),
+            loss=keras.losses.CosineSimilarity(axis=-1),  # -cosine
         )
-        history = model.fit(_dataset(batches, teacher), epochs=1, verbose=0)
-        after = _cosines(encode_each(model, run.eval.x), reference)
+        history = model.fit(_dataset(xs, teacher), epochs=1, verbose=0)
+        after = _eval_figures(model, run)
     finally:
         qat.detach(model)
-    floated = _cosines(encode_each(model, run.eval.x), reference)
-    log(
-        f"  after {len(rows) // s['batch_size']} steps: eval cosine with rounding min "
-        f"{after.min():.4f} mean {after.mean():.4f}; without rounding min {floated.min():.4f}"
-    )
+    floated = _eval_figures(model, run)
+    log(f"  after {len(xs)} steps: eval with rounding {after}; without rounding {floated}")
     report = {
         **{k: s[k] for k in DEFAULTS},
         "ranges": len(ranges),
-        "sentences": len(rows),
-        "loss": [round(float(v), 6) for v in history.history["loss"]],
-        "eval_cosine_with_rounding_before": _summary(before),
-        "eval_cosine_with_rounding": _summary(after),
-        "eval_cosine_float": _summary(floated),
+        "sentences": len(ids),
+        "loss": [round(float(v), 6) for v in history.history["loss"]],  # mean -cosine
+        "eval_with_rounding_before": before,
+        "eval_with_rounding": after,
+        "eval_float": floated,
         "backend": keras.backend.backend(),
     }
     metrics = {**run.metrics, "qat": report}
-    ranges_json = ranges_bytes(ranges, report)
+    ranges_json = qat.ranges_json(ranges, rule=s["rule"])
     write_embedding_run(
         out,
         model,
@@ -234,19 +212,6 @@ def fine_tune_classifier(
     }
     fitted = dataclasses.replace(fitted, test_probs=test_probs, val_probs=val_probs)
     return fitted, ranges, report
-
-
-def _summary(cosines: np.ndarray) -> dict:
-    return {"min": round(float(cosines.min()), 6), "mean": round(float(cosines.mean()), 6)}
-
-
-def ranges_bytes(ranges: dict, report: dict) -> bytes:
-    """ranges.json's bytes (keras_mha.qat.load_ranges reads them)."""
-    body = {
-        "rule": report["rule"],
-        "ranges": {k: [float(lo), float(hi)] for k, (lo, hi) in ranges.items()},
-    }
-    return (json.dumps(body, indent=1) + "\n").encode()
 
 
 # ------------------------------------------------------------------ command

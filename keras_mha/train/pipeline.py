@@ -58,7 +58,8 @@ def train(
         UsageError: For bad input (settings, a model too large for the
             memory, an unwritable `out`), before any training starts.
     """
-    from keras_mha.qat_train import fine_tune_classifier, ranges_bytes
+    from keras_mha.qat import ranges_json
+    from keras_mha.qat_train import fine_tune_classifier
     from keras_mha.train.fit import fit
 
     config, settings = resolve_settings(
@@ -91,6 +92,6 @@ def train(
         metrics = run_metrics(data, config, settings, fitted, distribute, deterministic)
         if qat is not None:
             metrics["qat"] = qat
-            (writer.staging / "ranges.json").write_bytes(ranges_bytes(ranges, qat))
+            (writer.staging / "ranges.json").write_bytes(ranges_json(ranges, rule=qat["rule"]))
         write_training_run(writer, data, config, fitted, metrics)
     return metrics
