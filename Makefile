@@ -123,6 +123,7 @@ heads-needs-run:
 bench: install edge-venvs
 	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json
 	$(PY) benchmarks/bench_edge.py --json benchmarks/results/edge.json
+	$(PY) benchmarks/int8_kernels.py --json benchmarks/results/int8_kernels.json
 
 clean:
 	rm -rf runs .cache .pytest_cache .ruff_cache *.egg-info

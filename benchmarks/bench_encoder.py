@@ -84,6 +84,7 @@ PROG = "bench_encoder.py"
 MODEL = "all-MiniLM-L6-v2"
 GOAL_FLOAT32 = 1.0  # (a) LiteRT float32 / ORT fp32
 GOAL_VERIFIED = 0.5  # (b) fastest verified mode / fastest ORT engine no better than it
+GOAL_INT8 = 0.5  # full int8 / LiteRT float32 (docs/quantization.md)
 COSINE_TIE = 1e-5  # mean cosines this close count as equal ("no better than")
 PAUSE_MS = 5.0  # before each timed call when threads > 1 (--pause-ms)
 
@@ -178,6 +179,15 @@ def ratios(
         ),
     }
     return {"a": result_a, "b": result_b}
+
+
+def over_float32(p50: dict[str, float], modes: dict[str, str]) -> dict[str, float]:
+    """Each LiteRT mode's p50 over LiteRT float32's, this run (full int8's goal:
+    GOAL_INT8); empty without float32."""
+    anchor = p50.get(modes.get("float32"))
+    if anchor is None:
+        return {}
+    return {m: p50[e] / anchor for m, e in modes.items() if m != "float32" and e in p50}
 
 
 def goals(per_threads: dict[str, dict]) -> dict:
@@ -752,6 +762,11 @@ def print_report(report: dict) -> None:
         print(f"  {label}, goal <= {goal}: {_verdict(report['goals'][key])}")
         for part in parts:
             print(f"      {part}")
+    if any(report.get("over_float32", {}).values()):
+        print(f"  (c) each LiteRT mode p50 / LiteRT float32 p50 (full int8's goal <= {GOAL_INT8})")
+        for t in threads:
+            cells = ", ".join(f"{m} {r:.3f}" for m, r in report["over_float32"][t].items())
+            print(f"      threads {t}: {cells}")
 
 
 # ----------------------------------------------------------------------------
@@ -896,6 +911,10 @@ def _run(args) -> int:
         t: ratios({n: v["p50_ms"] for n, v in lat.items()}, mean_cosine, modes, verified, ort)
         for t, lat in latency.items()
     }
+    by_mode = {
+        t: over_float32({n: v["p50_ms"] for n, v in lat.items()}, modes)
+        for t, lat in latency.items()
+    }
     lengths = [x.shape[1] for x in ids]
     engines = {}
     for spec in specs:
@@ -953,6 +972,7 @@ def _run(args) -> int:
         },
         "engines": engines,
         "ratios": per_threads,
+        "over_float32": by_mode,
         "goals": {
             "a": {"goal": GOAL_FLOAT32, "met": goals(per_threads)["a"]},
             "b": {"goal": GOAL_VERIFIED, "met": goals(per_threads)["b"]},

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from keras_mha_edge.contract import attention
 from keras_mha_edge.contract.attention import AttentionReference, CorefHead
+from keras_mha_edge.contract.attention_parity import PER_HEAD_QAT_INT8
 from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle, texts_json
 from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from keras_mha_edge.contract.files import building, check_writable, sha256_file
@@ -277,6 +278,7 @@ def export_bundle(
                     eval_samples=int(loaded.eval.x.shape[0]),
                     task=loaded.task,
                     sequence_length=int(loaded.eval.x.shape[1]) if loaded.embedding else None,
+                    attention_thresholds=_attention_thresholds(loaded, mode),
                 )
                 if entry is None:
                     failed[mode] = ModeFailure("convert", tuple(found))
@@ -356,6 +358,21 @@ def export_bundle(
         final.write(staging)
         open_bundle(staging)  # the bundle as written reads back on the device
     return final
+
+
+def _attention_thresholds(loaded, mode: str):
+    """int8 of a classifier fine-tuned with int8's rounding per head (ranges.json,
+    every attention the lesson's per-head graph) has its attention max-bounded
+    in every layer; any other mode or run has its mode's defaults (None)."""
+    if mode != "int8" or loaded.ranges is None or loaded.embedding:
+        return None
+    if not _has_encoder_blocks(loaded.model):
+        return None
+    from keras_mha.model import attention_layers
+
+    if all(layer._runs_lesson() for layer in attention_layers(loaded.model)):
+        return PER_HEAD_QAT_INT8
+    return None
 
 
 def _with_ranges_saved(loaded, scratch: pathlib.Path, view: bool) -> tuple:

@@ -17,6 +17,7 @@ import numpy as np
 
 from keras_mha_edge.contract.attention import AttentionCheck
 from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from keras_mha_edge.contract.attention_parity import AttentionThresholds
 from keras_mha_edge.contract.bundle import add_file
 from keras_mha_edge.contract.entries import ModeFailure, ModelEntry, Signature
 from keras_mha_edge.contract.parity import default_thresholds
@@ -36,11 +37,13 @@ def convert_mode(
     eval_samples: int,
     task: str = "classification",
     sequence_length: int | None = None,
+    attention_thresholds: AttentionThresholds | None = None,
 ) -> tuple[ModelEntry | None, list[str]]:
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
 
     The entry's thresholds are the mode's defaults for `eval_samples`
-    (`keras_mha_edge.contract.parity.default_thresholds`).
+    (`keras_mha_edge.contract.parity.default_thresholds`), its attention's
+    `attention_thresholds` (default: the mode's, `DEFAULT_THRESHOLDS`).
 
     With `attention_saved_model` the model also has the attention signature
     (`convert.VIEW_SIGNATURE`), described in the entry's `signatures` and
@@ -80,7 +83,9 @@ def convert_mode(
     described = attention_signature(model)
     if described is not None:
         signatures = {described["signature"]: _signature(described, dynamic and sequence_length)}
-        check = AttentionCheck(described["signature"], ATTENTION_THRESHOLDS[mode])
+        check = AttentionCheck(
+            described["signature"], attention_thresholds or ATTENTION_THRESHOLDS[mode]
+        )
         view = check_graph(read_graph(model, described["subgraph"]), mode)
         for name, found in view.items():
             problems.setdefault(name, []).extend(f"view: {item}" for item in found)

@@ -205,11 +205,17 @@ def _with_ranges(source: Source, run_dir: pathlib.Path) -> Source:
 
     try:
         source.ranges = qat.load_ranges(path)
-        qat.attach(source.model, source.ranges)  # names a point the model lacks: ValueError
+        # names a layer the model lacks: ValueError; a point its graph lacks: unused
+        unused = qat.unused_ranges(source.model, source.ranges, source.calibration[:1])
     except ValueError as error:
         raise UsageError(str(error).removeprefix(f"{path}: "), path) from None
-    finally:
-        qat.detach(source.model)
+    if unused:
+        raise UsageError(
+            f"{len(unused)} of its {len(source.ranges)} ranges name no point of the "
+            f"model's graph (first: {unused[0]!r}); expected the ranges chosen for this "
+            "model (the same attention implementation)",
+            path,
+        )
     return source
 
 

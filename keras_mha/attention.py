@@ -457,7 +457,6 @@ class MultiHeadAttention(keras.layers.Layer):
             and all(d.quantization_mode is None for d in self._projections())  # float kernels
             and self._activity_regularizer is None  # the sublayers' calls add its losses
             and not self._overrides_compute_attention  # a subclass's attention is called
-            and HOOK not in self.__dict__  # quantization-aware (keras_mha.qat): fused
         )
 
     # ---------------------------------------------------- the lesson, per head
@@ -475,7 +474,7 @@ class MultiHeadAttention(keras.layers.Layer):
             k_i = self._head_projection(self.key_dense, key, i)  # (1) K W_i^K  [B, S, d_k]
             v_i = self._head_projection(self.value_dense, value, i)  # (1) V W_i^V  [B, S, d_v]
             head_i, weights_i = self._scaled_dot_product_attention(
-                q_i, k_i, v_i, mask=mask_for_head(mask, i), training=training
+                q_i, k_i, v_i, mask=mask_for_head(mask, i), training=training, head=i
             )  # (2) softmax(q_i k_i^T / sqrt(d_k)) v_i  [B, T, d_v], [B, T, S]
             if self.use_gate:  # optional sigmoid gate: head_i * sigmoid(Q W_i^G + b_i^G)
                 head_i = head_i * ops.sigmoid(self._head_projection(self.gate_dense, query, i))
@@ -483,35 +482,38 @@ class MultiHeadAttention(keras.layers.Layer):
                 head_i = head_i * head_mask[:, i, None, None]
             heads.append(head_i)
             weights.append(weights_i)
-        concat = ops.concatenate(heads, axis=-1)  # (3) Concat(head_1..head_h)  [B, T, h * d_v]
+        concat = point(self, "heads", ops.concatenate(heads, -1))  # (3) Concat(head_1..head_h)
         if concat_only:  # concat_heads stops before W^O
             return concat, None
         w_o = ops.reshape(self.output_dense.kernel, (self.num_heads * self.d_v, -1))  # W^O
         output = ops.matmul(concat, w_o)  # (3) Concat(head_1..head_h) W^O  [B, T, d_out]
         if self.use_bias:
             output = output + self.output_dense.bias  # + b^O
-        return output, ops.stack(weights, axis=1)  # [B, T, d_out], [B, h, T, S]
+        return point(self, "output", output), ops.stack(weights, 1)  # [B,T,d_out], [B,h,T,S]
 
-    @staticmethod
-    def _head_projection(dense, x, i):
+    def _head_projection(self, dense, x, i):
         """Step (1) for head i: x W_i + b_i with W_i = `dense.kernel[:, i, :]`."""
         y = ops.matmul(x, dense.kernel[:, i, :])  # x W_i
-        return y if dense.bias is None else y + dense.bias[i]
+        y = y if dense.bias is None else y + dense.bias[i]
+        return point(self, f"{dense.name}_{i}", y)  # int8 rounds each head's own (keras_mha.qat)
 
-    def _scaled_dot_product_attention(self, q, k, v, mask, training):
-        """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one or all heads.
+    def _scaled_dot_product_attention(self, q, k, v, mask, training, head=None):
+        """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one (`head`) or all heads.
 
         q = [..., T, d_k], k = [..., S, d_k], v = [..., S, d_v],
         mask broadcastable to [..., T, S].
         """
+        at = "" if head is None else f"_{head}"  # int8 rounds here (keras_mha.qat), per head
         scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # q k^T   [..., T, S]
         scores = scores * ops.cast(inverse_sqrt(self.d_k), scores.dtype)  # / sqrt(d_k)
-        scores = point(self, "scores", scores)  # int8 rounds here (keras_mha.qat), as below
-        weights = point(self, "weights", self._masked_softmax(scores, mask))  # [..., T, S]
+        scores = point(self, f"scores{at}", scores)
+        weights = point(self, f"weights{at}", self._masked_softmax(scores, mask, at))  # [..., T, S]
         dropped = self._dropout_layer(weights, training=training) if self.dropout else weights
-        return point(self, "heads", ops.matmul(dropped, v)), weights  # [..., T, d_v]
+        heads = ops.matmul(dropped, v)  # [..., T, d_v]
+        # one head's output: int8 gives the concatenation of all of them one range
+        return (heads if head is not None else point(self, "heads", heads)), weights
 
-    def _masked_softmax(self, scores, mask):
+    def _masked_softmax(self, scores, mask, at=""):
         """softmax over the positions the mask allows; zeros for empty rows.
 
         Keras sets masked scores to -1e9. That is exact in float, but an int8
@@ -523,7 +525,7 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is None:
             return ops.softmax(scores, axis=-1)
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
-        weights = ops.softmax(point(self, "masked_scores", ops.where(mask, scores, floor)), axis=-1)
+        weights = ops.softmax(point(self, f"masked_scores{at}", ops.where(mask, scores, floor)), -1)
         # A query row with nothing to attend to gets zeros, as in Keras.
         # (a scalar 0, not zeros_like: with a dynamic length zeros_like stays float in int8)
         return ops.where(mask, weights, 0.0)

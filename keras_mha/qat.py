@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 
 import numpy as np
 
@@ -45,6 +46,7 @@ __all__ = [
     "ranges_json",
     "record",
     "save_ranges",
+    "unused_ranges",
 ]
 
 RULES = ("minmax", "percentile", "mse")
@@ -52,6 +54,7 @@ HOOK = "_int8_hook"  # the attribute `point` looks for (set outside Keras's trac
 LEVELS = 255  # 8 bits, full range: TFLite's int8 activations
 # The softmax's int8 output is fixed by TFLite: scale 1/256, zero point -128.
 SOFTMAX_RANGE = (0.0, 255.0 / 256.0)
+_SOFTMAX_OUTPUT = re.compile(r"weights(_\d+)?")  # all heads', or head i's (the lesson's path)
 _PER_CALL = 4096  # values sampled per call and point, besides the largest 1 %
 
 
@@ -193,7 +196,7 @@ def choose_ranges(recorder: Recorder, rule: str = "mse", percentile: float = 99.
     ranges = {}
     for key in sorted(recorder.low):
         low, high = recorder.low[key], recorder.high[key]
-        if key.endswith("/weights"):  # softmax output: fixed by TFLite
+        if _SOFTMAX_OUTPUT.fullmatch(key.rsplit("/", 1)[-1]):  # fixed by TFLite
             ranges[key] = SOFTMAX_RANGE
             continue
         if rule == "percentile":
@@ -230,6 +233,20 @@ def attach(model, ranges: dict) -> None:
             "expected the ranges chosen for this model"
         )
     _set_hook(model, _Rounder(ranges))
+
+
+def unused_ranges(model, ranges: dict, x) -> list[str]:
+    """The keys of `ranges` no point of `model` rounds on input `x` (one call),
+    sorted: ranges chosen for another graph (the fused attention's for the
+    per-head one, or the other way round) name points this one lacks."""
+    attach(model, ranges)  # a key naming no layer of the model: ValueError
+    rounder = _Rounder(ranges)
+    _set_hook(model, rounder)
+    try:
+        model(x, training=False)
+    finally:
+        detach(model)
+    return sorted(set(ranges) - rounder.used)
 
 
 def ranges_json(ranges: dict, **meta) -> bytes:

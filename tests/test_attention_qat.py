@@ -10,6 +10,7 @@ TFLite export takes the ranges.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import keras
@@ -179,3 +180,44 @@ def test_predict_follows_attach_and_detach(model, data):
     again = model.predict(x, verbose=0)
     assert np.abs(rounded - floated).max() > 1e-4
     np.testing.assert_allclose(again, floated, atol=1e-6)
+
+
+def test_the_lessons_per_head_graph_rounds_each_head_on_its_own(data):
+    """implementation="per_head" keeps the lesson's path with a hook on: each
+    head's projections, scores, masked scores and softmax get their own
+    points (the softmax's the fixed TFLite range), the concatenation one."""
+    x, _ = data
+    keras.utils.set_random_seed(0)
+    model = build_classifier(dataclasses.replace(CONFIG, implementation="per_head"))
+    recorder = qat.record(model, x[:8])
+    names = {key.rsplit("/", 1)[1] for key in recorder.low}
+    per_head = {
+        f"{kind}_{i}" for kind in ("query", "key", "value", "scores", "weights") for i in (0, 1)
+    }
+    assert per_head <= names and {"heads", "output"} <= names
+    assert not {"query", "scores", "weights"} & names  # the fused graph's names
+    ranges = qat.choose_ranges(recorder, "minmax")
+    weights = {k: v for k, v in ranges.items() if k.rsplit("/", 1)[1].startswith("weights_")}
+    assert len(weights) == 4 and set(weights.values()) == {qat.SOFTMAX_RANGE}
+    # each head's scores span their own values, not one range for all
+    scores = [ranges[f"transformer_layer_0/attention/scores_{i}"] for i in (0, 1)]
+    assert scores[0] != scores[1]
+    before = _predict(model, x)
+    qat.attach(model, ranges)
+    rounded = _predict(model, x)
+    qat.detach(model)
+    assert 1e-4 < np.abs(rounded - before).max() < 0.1
+    np.testing.assert_array_equal(_predict(model, x), before)
+
+
+def test_ranges_of_the_fused_graph_name_no_point_of_the_per_head_one(model, data):
+    x, _ = data
+    ranges = qat.choose_ranges(qat.record(model, x[:8]), "minmax")
+    assert qat.unused_ranges(model, ranges, x[:1]) == []
+    per_head = build_classifier(dataclasses.replace(CONFIG, implementation="per_head"))
+    per_head.set_weights(model.get_weights())
+    unused = qat.unused_ranges(per_head, ranges, x[:1])
+    names = {key.rsplit("/", 1)[1] for key in unused}
+    # the per-head graph's heads (their concatenation) and output keep theirs
+    assert names == {"query", "key", "value", "scores", "weights"}, names
+    np.testing.assert_array_equal(_predict(per_head, x), _predict(per_head, x))  # detached

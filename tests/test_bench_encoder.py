@@ -55,6 +55,15 @@ def numbers(**overrides):
     return p50, cosine
 
 
+def test_each_mode_over_litert_float32():
+    p50, _ = numbers()
+    assert be.over_float32(p50, MODES) == {"dynamic": 3.0 / 12.0, "int8": 2.0 / 12.0}
+    del p50["LiteRT int8"]  # a mode the run did not time: no ratio
+    assert be.over_float32(p50, MODES) == {"dynamic": 0.25}
+    del p50["LiteRT float32"]  # no anchor: none at all
+    assert be.over_float32(p50, MODES) == {}
+
+
 def test_goal_a_is_litert_float32_over_ort_fp32():
     p50, cosine = numbers()
     a = be.ratios(p50, cosine, MODES, ["float32"], ORT)["a"]

@@ -11,23 +11,18 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_attention_benchmark_reports_ratios_against_keras(tmp_path):
-    out = tmp_path / "attention.json"
+def _run(script: str, *args: str) -> None:
     subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "benchmarks/bench_attention.py"),
-            "--shapes",
-            "edge",
-            "--repeats",
-            "2",
-            "--json",
-            str(out),
-        ],
+        [sys.executable, str(REPO / "benchmarks" / script), *args],
         check=True,
         capture_output=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )
+
+
+def test_attention_benchmark_reports_ratios_against_keras(tmp_path):
+    out = tmp_path / "attention.json"
+    _run("bench_attention.py", "--shapes", "edge", "--repeats", "2", "--json", str(out))
     report = json.loads(out.read_text())
     results = report["shapes"]["edge"]["results"]
     assert set(results) == {
@@ -39,3 +34,19 @@ def test_attention_benchmark_reports_ratios_against_keras(tmp_path):
     for r in results.values():
         assert r["forward_us"] > 0 and r["forward_backward_us"] > 0
         assert r["forward_ratio"] > 0
+
+
+def test_int8_kernels_benchmark_reports_which_matmuls_xnnpack_takes(tmp_path):
+    """The reason full int8 does not pay for attention: XNNPACK takes a float
+    BATCH_MATMUL and an int8 FULLY_CONNECTED with constant weights, but no
+    int8 matmul whose operands are both activations (LiteRT 2.3)."""
+    out = tmp_path / "kernels.json"
+    _run("int8_kernels.py", "--lengths", "8", "--rounds", "2", "--calls", "2", "--json", str(out))
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["Q K^T (BATCH_MATMUL)"]["xnnpack_float32"] == "1/1"
+    assert rows["Q K^T (BATCH_MATMUL)"]["xnnpack_int8"] == "0/1"
+    assert rows["P V (BATCH_MATMUL)"]["xnnpack_int8"] == "0/1"
+    assert rows["Q K^T per head (FULLY_CONNECTED)"]["xnnpack_int8"] == "0/12"
+    assert rows["x W, the FFN (FULLY_CONNECTED)"]["xnnpack_int8"] == "1/1"
+    for r in rows.values():
+        assert r["length"] == 8 and r["float32_ms"] > 0 and r["int8_ms"] > 0

@@ -108,8 +108,14 @@ def test_help_and_argument_errors_do_not_import_tensorflow():
     """Answered from argparse alone: no TensorFlow, no Keras (fast, quiet)."""
     help_text = assert_answered_without_tensorflow("keras_mha.train", ["--help"], 0)
     assert "--d-model" in help_text and "Defaults per dataset" in help_text
-    assert "--qat EPOCHS" in help_text
-    for args in (["--epochs", "ten"], ["--dataset", "x"], ["--seed", "-2"], ["--qat", "-1"]):
+    assert "--qat EPOCHS" in help_text and "{fused,per_head}" in help_text
+    for args in (
+        ["--epochs", "ten"],
+        ["--dataset", "x"],
+        ["--seed", "-2"],
+        ["--qat", "-1"],
+        ["--attention", "both"],
+    ):
         assert_answered_without_tensorflow("keras_mha.train", args, 2)
 
 

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-layers", type=positive_int, default=None, help="encoder blocks")
     parser.add_argument("--ff-dim", type=positive_int, default=None, help="feed-forward size")
     parser.add_argument("--dropout", type=float, default=None, help="dropout rate, in [0, 1)")
+    parser.add_argument(
+        "--attention",
+        choices=("fused", "per_head"),
+        default=None,
+        help="the attention's implementation: fused (default) or the lesson's per_head, "
+        "whose heads get their own int8 ranges with --qat",
+    )
     parser.add_argument("--batch-size", type=positive_int, default=None)
     parser.add_argument("--learning-rate", type=float, default=None)
     parser.add_argument(
@@ -121,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         num_layers=args.num_layers,
         ff_dim=args.ff_dim,
         dropout=args.dropout,
+        implementation=args.attention,
         qat_epochs=args.qat,
     )
     summary = (
