@@ -34,6 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
+from keras_mha_edge.errors import Parser, positive_int  # noqa: E402
 from keras_mha_edge.tables import format_table  # noqa: E402
 
 HEADS, D_K, D_MODEL, D_FF = 12, 32, 384, 1536
@@ -148,15 +149,28 @@ def measure(lengths: list[int], rounds: int, calls: int) -> list[dict]:
     return rows
 
 
+def _lengths(text: str) -> list[int]:
+    """argparse `type=`: comma-separated sequence lengths, each >= 1."""
+    try:
+        return [positive_int(v) for v in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got {text!r}"
+        ) from None
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lengths", default="32,128", help="sequence lengths (default 32,128)")
-    parser.add_argument("--rounds", type=int, default=15, help="timed rounds (default 15)")
-    parser.add_argument("--calls", type=int, default=20, help="invokes per round (default 20)")
+    parser = Parser(prog="int8_kernels.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--lengths", type=_lengths, default=[32, 128], help="sequence lengths (default 32,128)"
+    )
+    parser.add_argument("--rounds", type=positive_int, default=15, help="timed rounds (default 15)")
+    parser.add_argument(
+        "--calls", type=positive_int, default=20, help="invokes per round (default 20)"
+    )
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    lengths = [int(v) for v in args.lengths.split(",")]
-    rows = measure(lengths, args.rounds, args.calls)
+    rows = measure(args.lengths, args.rounds, args.calls)
     print(f"LiteRT, 1 thread, p50 of {args.rounds} rounds; {HEADS} heads, d_k {D_K}\n")
     print(
         format_table(

@@ -368,9 +368,11 @@ def _attention_thresholds(loaded, mode: str):
         return None
     if not _has_encoder_blocks(loaded.model):
         return None
+    from keras_mha.attention import MultiHeadAttention
     from keras_mha.model import attention_layers
 
-    if all(layer._runs_lesson() for layer in attention_layers(loaded.model)):
+    layers = attention_layers(loaded.model)  # keras.layers.MultiHeadAttention: not ours
+    if all(isinstance(a, MultiHeadAttention) and a._runs_lesson() for a in layers):
         return PER_HEAD_QAT_INT8
     return None
 

@@ -216,8 +216,40 @@ def test_ranges_of_the_fused_graph_name_no_point_of_the_per_head_one(model, data
     assert qat.unused_ranges(model, ranges, x[:1]) == []
     per_head = build_classifier(dataclasses.replace(CONFIG, implementation="per_head"))
     per_head.set_weights(model.get_weights())
+    before = _predict(per_head, x)
     unused = qat.unused_ranges(per_head, ranges, x[:1])
     names = {key.rsplit("/", 1)[1] for key in unused}
     # the per-head graph's heads (their concatenation) and output keep theirs
     assert names == {"query", "key", "value", "scores", "weights"}, names
-    np.testing.assert_array_equal(_predict(per_head, x), _predict(per_head, x))  # detached
+    np.testing.assert_array_equal(_predict(per_head, x), before)  # detached again
+    qat.attach(per_head, ranges)  # (what a hook left attached would give: rounded)
+    assert np.abs(_predict(per_head, x) - before).max() > 1e-4
+    qat.detach(per_head)
+
+
+def test_per_head_points_with_the_gate_and_a_head_mask(data):
+    """The lesson's options under a hook: the gate's logits are each head's
+    own point (gate_i); the concatenation's point comes after the gate and
+    the head mask, where the per-head graph concatenates; a silenced head
+    stays silenced with rounding."""
+    from keras_mha import MultiHeadAttention
+
+    x, _ = data
+    keras.utils.set_random_seed(0)
+    layer = MultiHeadAttention(num_heads=2, key_dim=4, use_gate=True, implementation="per_head")
+    inputs = keras.Input((8, 8))
+    model = keras.Model(inputs, layer(inputs, inputs, head_mask=np.array([1.0, 0.0])))
+    recorder = qat.record(model, x[:8])
+    names = {key.rsplit("/", 1)[1] for key in recorder.low}
+    assert {"gate_0", "gate_1", "query_1", "scores_0", "heads", "output"} <= names
+    ranges = qat.choose_ranges(recorder, "minmax")
+    qat.attach(model, ranges)
+    try:
+        concat = layer.concat_heads(x[:4], x[:4], head_mask=np.array([1.0, 0.0]))
+    finally:
+        qat.detach(model)
+    concat = keras.ops.convert_to_numpy(concat)
+    low, high = ranges[f"{layer.path}/heads"]
+    steps = (concat - low) / ((high - low) / 255)  # rounded: whole steps of its range
+    assert np.abs(steps - np.round(steps)).max() < 1e-3 and steps.min() > -1e-3
+    assert np.abs(concat[..., 4:]).max() == 0.0  # head 1 silenced: its columns, rounded, stay 0

@@ -85,10 +85,12 @@ def test_int8_gap_to_the_model_with_its_rounding(converted):
     the weights and the tensors between them to the converter, so the int8
     file is about as far from the rounded model as from the float one
     (measured 0.026 and 0.015 fused, 0.024 and 0.026 per head, on this
-    untrained model), and picks the rounded model's class on all 40 inputs
-    fused, on 38 per head (the other two: near-ties of the rounded model)."""
+    untrained model). Fused, it picks the rounded model's class on all 40
+    inputs. Per head, 2 of the 40 change class: this untrained model's top
+    two probabilities are 0.005 and 0.042 apart there, and a gap of 0.024
+    moves each, so no class check beyond the gap says more."""
     int8, rounded, floated = converted["int8"], converted["rounded"], converted["floated"]
-    gap = np.abs(int8 - rounded).max()
-    assert gap < 0.05
+    assert np.abs(int8 - rounded).max() < 0.05
     assert np.abs(rounded - floated).max() > 1e-3  # the rounding does something
-    assert (int8.argmax(-1) == rounded.argmax(-1)).mean() >= 0.95
+    if converted["implementation"] == "fused":
+        assert (int8.argmax(-1) == rounded.argmax(-1)).all()
