@@ -121,8 +121,8 @@ class Timed:
 def measure(lengths: list[int], rounds: int, calls: int) -> list[dict]:
     rows = []
     for length in lengths:
-        models = {}
-        for name, (function, shapes) in cases(length).items():
+        models, built = {}, cases(length)
+        for name, (function, shapes) in built.items():
             for mode in ("float32", "int8"):
                 models[name, mode] = Timed(convert(function, shapes, mode == "int8"))
         for model in models.values():
@@ -132,7 +132,7 @@ def measure(lengths: list[int], rounds: int, calls: int) -> list[dict]:
             order = list(models.values())
             for model in order[r % len(order) :] + order[: r % len(order)]:
                 model.run(calls)
-        for name, _ in cases(length).items():
+        for name in built:
             f, q = models[name, "float32"], models[name, "int8"]
             p50f, p50q = statistics.median(f.times), statistics.median(q.times)
             rows.append(

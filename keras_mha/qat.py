@@ -225,6 +225,11 @@ class _Rounder:
 def attach(model, ranges: dict) -> None:
     """Make every point of `model` round to its range in `ranges` (from
     `choose_ranges` or `load_ranges`); points without one stay float."""
+    _set_hook(model, _rounder_for(model, ranges))
+
+
+def _rounder_for(model, ranges: dict) -> _Rounder:
+    """The hook that rounds to `ranges`; ValueError if a key names no layer of `model`."""
     known = {f"{layer.path}/" for layer in _layers(model)}
     stray = sorted(key for key in ranges if key.rsplit("/", 1)[0] + "/" not in known)
     if stray:
@@ -232,15 +237,14 @@ def attach(model, ranges: dict) -> None:
             f"{len(stray)} ranges name no layer of this model (first: {stray[0]!r}); "
             "expected the ranges chosen for this model"
         )
-    _set_hook(model, _Rounder(ranges))
+    return _Rounder(ranges)
 
 
 def unused_ranges(model, ranges: dict, x) -> list[str]:
     """The keys of `ranges` no point of `model` rounds on input `x` (one call),
     sorted: ranges chosen for another graph (the fused attention's for the
     per-head one, or the other way round) name points this one lacks."""
-    attach(model, ranges)  # a key naming no layer of the model: ValueError
-    rounder = _Rounder(ranges)
+    rounder = _rounder_for(model, ranges)  # a key naming no layer of the model: ValueError
     _set_hook(model, rounder)
     try:
         model(x, training=False)
