@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 # ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
 SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
 
-.PHONY: install edge-venvs lint format test test-fast test-summary fuzz demo heads heads-needs-run bench clean
+.PHONY: install edge-venvs lint format test test-prereqs test-fast test-summary fuzz demo heads heads-needs-run bench clean
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
 # emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
@@ -72,12 +72,16 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 
 # Every test, then the table of every part (tests/summary.py): it fails when a
-# part failed or ran no test. A failure stops make test after printing it.
-test: install edge-venvs lint $(TEST_PREREQS)
+# part failed or ran no test. A failed part does not hide the rest: the main
+# pytest run, then every TEST_AFTER part (make -k), then the whole table.
+test-prereqs: install edge-venvs lint $(TEST_PREREQS)
+test: test-prereqs
 	rm -rf $(TEST_RESULTS) && mkdir -p $(TEST_RESULTS)
-	$(PY) -m pytest --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || { s=$$?; $(SUMMARY); exit $$s; }
-	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory $(TEST_AFTER) || { s=$$?; $(SUMMARY); exit $$s; })
-	$(SUMMARY)
+	@s=0; \
+	$(PY) -m pytest --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || s=1; \
+	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory -k $(TEST_AFTER) || s=1;) \
+	$(SUMMARY) || s=1; \
+	exit $$s
 
 test-summary:
 	@$(SUMMARY)

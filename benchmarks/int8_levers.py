@@ -40,7 +40,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
-from keras_mha_edge.tables import format_table  # noqa: E402
+from edge_demo.tables import format_table  # noqa: E402
 
 LEVERS = {
     "ptq": None,
@@ -75,9 +75,9 @@ def _per_head(run_dir: pathlib.Path) -> None:
 
 def _ranges(run_dir: pathlib.Path, rule: str) -> None:
     """ranges.json in the run: each point's range by `rule`, from its calibration sentences."""
+    from edge_demo.contract.arrays import own_lengths
     from keras_mha import qat
     from keras_mha.rundir.embedding import read_embedding_run
-    from keras_mha_edge.contract.arrays import own_lengths
 
     run = read_embedding_run(run_dir)
     recorder = qat.record(run.load_model(), run.calibration, lengths=own_lengths(run.calibration))

@@ -17,7 +17,7 @@ Sub-packages by job; imports flow one way, down this list
     runtimes/   the TFLite runtimes, EdgeModel, probe, TFLite Micro, score
     contract/   the bundle's format (docs/artifacts.md), owned here and used
                 by export and training
-    errors.py   the error policy of all four commands (UsageError, run_main)
+    errors.py   the error policy of every keras-mha command (UsageError, run_main)
     tables.py   plain text tables
 
 The library (keras_mha) imports only `errors`, `contract` and the head view

@@ -1,4 +1,5 @@
-"""The error policy of keras-mha's four commands: train, export, edge, heads.
+"""The error policy of keras-mha's commands: keras-mha-train, keras-mha-export,
+keras-mha-edge, keras-mha-heads, keras-mha-import, keras-mha-qat, keras-mha-rescale.
 
 The bottom layer of edge_demo: standard library only, importing nothing of
 this package, so the device app (no TensorFlow), the library (keras_mha) and
@@ -67,8 +68,11 @@ def safe(text: object, limit: int | None = None) -> str:
     newlines, carriage returns), lone surrogates and bidi overrides escaped as
     `\\xNN` / `\\uNNNN`; cut to `limit` characters with "..." when given.
 
-    For every untrusted string in a message or a table: file names, mode
-    names, `dataset`, labels.
+    For every untrusted string in a message, a table or a field read back
+    from a file: file names, mode names, `dataset`, labels. Idempotent, so a
+    field cleaned on read and written again stays the same, and `safe(x) ==
+    x` says x is printable. A backslash is left as it is: `shown()` doubles it
+    where a person reads the string.
     """
     text = str(text)
     if any(_unsafe(c) for c in text):
@@ -76,6 +80,14 @@ def safe(text: object, limit: int | None = None) -> str:
     if limit is not None and len(text) > limit:
         text = text[: max(limit - 3, 0)] + "..."
     return text
+
+
+def shown(text: object, limit: int | None = None) -> str:
+    """`safe(text)` for a person to read: a backslash doubled first, so a name
+    holding the four characters `\\x1b` is not shown as the escape code's
+    name (`safe` writes ESC itself as `\\x1b`). For paths, sentences and
+    word pieces the commands print, and the file a UsageError names."""
+    return safe(str(text).replace("\\", "\\\\"), limit)
 
 
 class UsageError(ValueError):
@@ -91,7 +103,7 @@ class UsageError(ValueError):
 
     def __init__(self, problem: str, where: str | os.PathLike | None = None):
         self.problem = safe(one_line(problem), MESSAGE_LIMIT)
-        self.where = None if where is None else safe(str(where), 300)
+        self.where = None if where is None else shown(where, 300)
         super().__init__(self.problem if self.where is None else f"{self.where}: {self.problem}")
 
 
@@ -106,17 +118,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
-def _int_at_least(minimum: int, expectation: str):
+def _int_at_least(minimum: int, expectation: str, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {expectation}, got {text!r}") from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {expectation}, got {value}")
         return value
 
     return parse
+
+
+def int_in(minimum: int, maximum: int):
+    """argparse `type=`: an integer from `minimum` to `maximum`."""
+    return _int_at_least(minimum, f"an integer from {minimum} to {maximum}", maximum)
 
 
 positive_int = _int_at_least(1, "a positive integer")

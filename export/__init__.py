@@ -1,5 +1,8 @@
 """keras-mha-export: quantized, verified, bundled TFLite models of a classifier.
 
+The folder export/ installs as `keras_mha_export` (setup.cfg's one
+package_dir entry): a top-level `export` would clash with other packages.
+
     from keras_mha_export import export_bundle, summary_table
     manifest = export_bundle("runs/digits", "runs/digits/bundle", "all", overwrite=True)
     print(summary_table(manifest))
@@ -8,13 +11,13 @@ Modes: float32, dynamic (int8 weights), float16, int8 (full integer) and
 int16x8 (int16 activations). Every model has a fixed batch of 1, builtin ops
 only, and is verified against the float Keras model on eval.npz with LiteRT
 before it is listed in the manifest's `verified`: the staged bundle is opened
-and scored by the edge demo's own code (keras_mha_edge). See docs/artifacts.md for
+and scored by the edge demo's own code (edge_demo). See docs/artifacts.md for
 the bundle format and `keras_mha_export.cli` for the command line.
 
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 
-from keras_mha_edge.contract.manifest import MODES
+from edge_demo.contract.manifest import MODES
 
 from .bundle import ExportFailed, export_bundle, parse_modes
 from .convert import ConversionError

@@ -6,7 +6,7 @@
    loads the source (`source.load_source`: every array and file validated);
 2. stages the bundle in a directory beside `out`: `eval.npz`, `labels.json`,
    `[vocab.json]`, and per mode the model converted at batch 1 and its graph
-   checked; the manifest is written through `keras_mha_edge.contract.manifest`
+   checked; the manifest is written through `edge_demo.contract.manifest`
    (with `coref_head`, the best coreference head, when a run directory holds
    heads/coref.json from `keras-mha-heads coref` for this model.keras);
 3. verifies: opens the staged bundle with the device's loader and scores each
@@ -29,14 +29,13 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from keras_mha_edge.contract import attention
-from keras_mha_edge.contract.attention import AttentionReference, CorefHead
-from keras_mha_edge.contract.attention_parity import PER_HEAD_QAT_INT8
-from keras_mha_edge.contract.bundle import add_file, labels_json, open_bundle, texts_json
-from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
-from keras_mha_edge.contract.files import building, check_writable, sha256_file
-from keras_mha_edge.contract.manifest import MODES, Manifest
-from keras_mha_edge.errors import UsageError
+from edge_demo.contract import attention
+from edge_demo.contract.attention import AttentionReference, CorefHead
+from edge_demo.contract.bundle import add_file, labels_json, open_bundle, texts_json
+from edge_demo.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
+from edge_demo.contract.files import building, check_writable, sha256_file
+from edge_demo.contract.manifest import MODES, Manifest
+from edge_demo.errors import UsageError
 
 from .devices import add_devices
 from .entry import convert_mode, judge
@@ -278,7 +277,6 @@ def export_bundle(
                     eval_samples=int(loaded.eval.x.shape[0]),
                     task=loaded.task,
                     sequence_length=int(loaded.eval.x.shape[1]) if loaded.embedding else None,
-                    attention_thresholds=_attention_thresholds(loaded, mode),
                 )
                 if entry is None:
                     failed[mode] = ModeFailure("convert", tuple(found))
@@ -358,23 +356,6 @@ def export_bundle(
         final.write(staging)
         open_bundle(staging)  # the bundle as written reads back on the device
     return final
-
-
-def _attention_thresholds(loaded, mode: str):
-    """int8 of a classifier fine-tuned with int8's rounding per head (ranges.json,
-    every attention the lesson's per-head graph) has its attention max-bounded
-    in every layer; any other mode or run has its mode's defaults (None)."""
-    if mode != "int8" or loaded.ranges is None or loaded.embedding:
-        return None
-    if not _has_encoder_blocks(loaded.model):
-        return None
-    from keras_mha.attention import MultiHeadAttention
-    from keras_mha.model import attention_layers
-
-    layers = attention_layers(loaded.model)  # keras.layers.MultiHeadAttention: not ours
-    if all(isinstance(a, MultiHeadAttention) and a._runs_lesson() for a in layers):
-        return PER_HEAD_QAT_INT8
-    return None
 
 
 def _with_ranges_saved(loaded, scratch: pathlib.Path, view: bool) -> tuple:

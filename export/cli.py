@@ -20,7 +20,7 @@ import argparse
 import pathlib
 import sys
 
-from keras_mha_edge.errors import Parser, run_main
+from edge_demo.errors import Parser, run_main
 
 PROG = "keras-mha-export"
 

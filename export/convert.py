@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from keras_mha_edge.contract.arrays import own_lengths
+from edge_demo.contract.arrays import own_lengths
 
 if TYPE_CHECKING:
     import keras

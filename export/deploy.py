@@ -14,7 +14,7 @@ the device's `EdgeModel` and requires bit-identical raw outputs. Without
 names a file cannot be debugged (`keras-mha-edge --debug`): debug the named file.
 
 Export side (TensorFlow present); the bundle entry is
-`keras_mha_edge.contract.deploy.DeployFile`, written by `devices.add_devices`.
+`edge_demo.contract.deploy.DeployFile`, written by `devices.add_devices`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_mha_edge.runtimes.model import EdgeModel
-from keras_mha_edge.runtimes.runtime import Runtime
+from edge_demo.runtimes.model import EdgeModel
+from edge_demo.runtimes.runtime import Runtime
 
 
 def _prune_buffers(model) -> None:

@@ -23,12 +23,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from keras_mha_edge.contract.bundle import add_file, open_bundle
-from keras_mha_edge.contract.deploy import DeployFile, deploy_name
-from keras_mha_edge.contract.entries import ModelEntry
-from keras_mha_edge.contract.manifest import Manifest
-from keras_mha_edge.errors import UsageError
-from keras_mha_edge.runtimes.runtime import MICRO_RUNTIME, Runtime, select_runtime
+from edge_demo.contract.bundle import add_file, open_bundle
+from edge_demo.contract.deploy import DeployFile, deploy_name
+from edge_demo.contract.entries import ModelEntry
+from edge_demo.contract.manifest import Manifest
+from edge_demo.errors import UsageError
+from edge_demo.runtimes.runtime import MICRO_RUNTIME, Runtime, select_runtime
 
 from .deploy import deploy_bytes, verify_stripped
 
@@ -46,7 +46,7 @@ def _finite(value: float) -> float | None:
 
 def _micro_probe(micro: Runtime, content: bytes, entry: ModelEntry, x: np.ndarray) -> str:
     """An empty string if TFLM loads and invokes the deploy file in a child process, else why not."""
-    from keras_mha_edge.runtimes.probe import probe_model
+    from edge_demo.runtimes.probe import probe_model
 
     probe = probe_model(micro, content, deploy_name(entry.mode), entry.input.quantize(x[:1]))
     return "" if probe.ok else probe.reason
@@ -63,7 +63,7 @@ def add_devices(
 
     Writes the deploy files and the manifest (with them) into `staging`.
     """
-    from keras_mha_edge.runtimes.micro_footprint import footprint
+    from edge_demo.runtimes.micro_footprint import footprint
 
     litert, micro = _runtime("litert"), _runtime(MICRO_RUNTIME)
     done: dict[str, ModelEntry] = {}
@@ -95,7 +95,7 @@ def add_devices(
     manifest(done).write(staging)
     if not runnable:
         return done
-    from keras_mha_edge.runtimes.score import run_mode
+    from edge_demo.runtimes.score import run_mode
 
     bundle = open_bundle(staging)
     for mode, stripped in runnable.items():

@@ -15,14 +15,14 @@ import time
 
 import numpy as np
 
-from keras_mha_edge.contract.attention import AttentionCheck
-from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from keras_mha_edge.contract.attention_parity import AttentionThresholds
-from keras_mha_edge.contract.bundle import add_file
-from keras_mha_edge.contract.entries import ModeFailure, ModelEntry, Signature
-from keras_mha_edge.contract.parity import default_thresholds
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.runtimes.score import ModeResult
+from edge_demo.contract.attention import AttentionCheck
+from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from edge_demo.contract.attention_parity import AttentionThresholds
+from edge_demo.contract.bundle import add_file
+from edge_demo.contract.entries import ModeFailure, ModelEntry, Signature
+from edge_demo.contract.parity import default_thresholds
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.runtimes.score import ModeResult
 
 from .verify import TENSORFLOW_RUNTIME
 
@@ -42,7 +42,7 @@ def convert_mode(
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
 
     The entry's thresholds are the mode's defaults for `eval_samples`
-    (`keras_mha_edge.contract.parity.default_thresholds`), its attention's
+    (`edge_demo.contract.parity.default_thresholds`), its attention's
     `attention_thresholds` (default: the mode's, `DEFAULT_THRESHOLDS`).
 
     With `attention_saved_model` the model also has the attention signature

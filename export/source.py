@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keras_mha_edge.contract.arrays import EvalData, read_npz
-from keras_mha_edge.contract.bundle import check_text_inputs
-from keras_mha_edge.contract.vocab import Vocab
-from keras_mha_edge.errors import UsageError, one_line
+from edge_demo.contract.arrays import EvalData, read_npz
+from edge_demo.contract.bundle import check_text_inputs
+from edge_demo.contract.vocab import Vocab
+from edge_demo.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from keras_mha_edge.contract.attention_parity import share_cell
-from keras_mha_edge.contract.entries import ModelEntry
-from keras_mha_edge.contract.manifest import Manifest
+from edge_demo.contract.attention_parity import share_cell
+from edge_demo.contract.entries import ModelEntry
+from edge_demo.contract.manifest import Manifest
 
 
 def mode_line(entry: ModelEntry, float_accuracy: float) -> str:

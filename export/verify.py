@@ -1,9 +1,9 @@
 """Verified means the device passes: the staged bundle, scored by the device's own code.
 
 `verify_staged(staging, runtime)` opens the staged bundle with the edge
-demo's loader (`keras_mha_edge.contract.bundle.open_bundle`: manifest, sha256,
+demo's loader (`edge_demo.contract.bundle.open_bundle`: manifest, sha256,
 headers, eval.npz, labels, vocab) and runs each mode through the edge demo's
-model wrapper and scorer (`keras_mha_edge.runtimes.score.run_mode`: the one
+model wrapper and scorer (`edge_demo.runtimes.score.run_mode`: the one
 quantize, run loop, parity figures and threshold check). A mode export calls
 verified therefore passes on the device, by construction.
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import pathlib
 import warnings
 
-from keras_mha_edge.contract.bundle import open_bundle
-from keras_mha_edge.errors import UsageError
-from keras_mha_edge.runtimes.runtime import Runtime, select_runtime
-from keras_mha_edge.runtimes.score import ModeResult, run_mode
+from edge_demo.contract.bundle import open_bundle
+from edge_demo.errors import UsageError
+from edge_demo.runtimes.runtime import Runtime, select_runtime
+from edge_demo.runtimes.score import ModeResult, run_mode
 
 TENSORFLOW_RUNTIME = "tensorflow-builtin-without-default-delegates"
 

@@ -22,9 +22,9 @@ import dataclasses
 import keras
 import numpy as np
 
+from edge_demo.contract.attention import output_name
 from keras_mha.attention import MultiHeadAttention
 from keras_mha.layers import MaskedMeanPooling, PositionalEncoding, TransformerEncoderBlock
-from keras_mha_edge.contract.attention import output_name
 
 INPUT_KINDS = ("features", "tokens")
 POOLINGS = ("mean", "flatten")

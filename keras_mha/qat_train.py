@@ -1,4 +1,4 @@
-"""Quantization-aware training of a run directory: `keras-mha-qat RUN --out OUT`.
+"""Quantization-aware training of a run directory (the command: keras_mha/qat_cli.py).
 
 The model is fine-tuned with int8's rounding in the loop (keras_mha.qat:
 each point of our layers rounded to a range chosen on the calibration set),
@@ -24,15 +24,10 @@ rounding is to the float reference on the eval set.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 
 import numpy as np
 
-from keras_mha.quiet import import_tensorflow
-from keras_mha_edge.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
-
-PROG = "keras-mha-qat"
 DEFAULTS = {"rule": "mse", "steps": 400, "batch_size": 16, "learning_rate": 2e-5, "seed": 0}
 
 
@@ -41,7 +36,7 @@ def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> np.n
     """`count` token-id rows (0-padded to the calibration's width) made from the
     calibration sentences: each an original, a random span of one, or two
     joined, between [CLS] and [SEP]."""
-    from keras_mha_edge.contract.arrays import own_lengths
+    from edge_demo.contract.arrays import own_lengths
 
     rng = np.random.default_rng(seed)
     lengths = own_lengths(calibration)
@@ -79,8 +74,8 @@ def _dataset(batches: list[np.ndarray], targets: list[np.ndarray]):
 # -------------------------------------------------------------------- training
 def _eval_figures(model, run) -> dict:
     """The model's eval vectors against the float encoder's (eval.npz), by the device's measure."""
+    from edge_demo.contract.parity import measure_embeddings
     from keras_mha.heads.encoder import embed
-    from keras_mha_edge.contract.parity import measure_embeddings
 
     figures = measure_embeddings(embed(model, run.eval.x), run.eval.probs)
     return {
@@ -93,11 +88,11 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
     """An embedding run fine-tuned with rounding by distillation; written to `out`."""
     import keras
 
+    from edge_demo.contract.arrays import own_lengths
     from keras_mha import qat
     from keras_mha.heads.encoder import batches
     from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
     from keras_mha.rundir.writing import check_out
-    from keras_mha_edge.contract.arrays import own_lengths
 
     s = {**DEFAULTS, **{k: v for k, v in settings.items() if v is not None}}
     check_out(out, overwrite)
@@ -212,60 +207,3 @@ def fine_tune_classifier(
     }
     fitted = dataclasses.replace(fitted, test_probs=test_probs, val_probs=val_probs)
     return fitted, ranges, report
-
-
-# ------------------------------------------------------------------ command
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[0])
-    parser.add_argument("run_dir", type=pathlib.Path, help="an embedding run (keras-mha-import)")
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="the new run directory")
-    parser.add_argument(
-        "--rule",
-        choices=("minmax", "percentile", "mse"),
-        default=DEFAULTS["rule"],
-        help=f"how each point's range is chosen (default {DEFAULTS['rule']})",
-    )
-    parser.add_argument(
-        "--steps", type=positive_int, default=DEFAULTS["steps"], help="training steps"
-    )
-    parser.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
-    parser.add_argument("--learning-rate", type=float, default=DEFAULTS["learning_rate"])
-    parser.add_argument("--seed", type=nonnegative_int, default=DEFAULTS["seed"])
-    parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from keras_mha.rundir.embedding import task_of
-        from keras_mha.rundir.writing import check_out
-
-        if not (args.run_dir / "metrics.json").is_file():
-            raise UsageError("not a run directory (no metrics.json)", args.run_dir)
-        if task_of(args.run_dir) != "embedding":
-            raise UsageError(
-                "a classification run; its quantization-aware training is keras-mha-train --qat",
-                args.run_dir,
-            )
-        if not 0 < args.learning_rate < 1:
-            raise UsageError(f"must be in (0, 1); got {args.learning_rate}", "--learning-rate")
-        check_out(args.out, args.overwrite)
-        import_tensorflow()
-        distill_encoder(
-            args.run_dir,
-            args.out,
-            overwrite=args.overwrite,
-            rule=args.rule,
-            steps=args.steps,
-            batch_size=args.batch_size,
-            learning_rate=args.learning_rate,
-            seed=args.seed,
-        )
-        return 0
-
-    return run_main(PROG, body)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,8 +1,11 @@
 """Shared fixtures (a small trained run directory, made on the fly) and marks.
 
 Every test that requests a fixture of SLOW_FIXTURES, directly or through
-another fixture, is marked `slow`: `make test-fast` (-m "not slow") trains
-and exports nothing. A test that make test's table also counts on a line of
+another fixture, is marked `slow`, and so is every test marked by hand that
+starts a Python child importing TensorFlow, JAX or PyTorch: `make test-fast`
+(-m "not slow") trains no run, exports and converts nothing, and starts no
+such child but the tiny BERT's reference in the torch venv (the oracle the
+import is checked against, once per module). Goal: 180 s on 2 cores (README). A test that make test's table also counts on a line of
 its own (tests/summary.py's part_of: browser, tflite-runtime, TFLite Micro,
 layer tests) carries that line's name as the junit property `part`.
 """
@@ -33,6 +36,8 @@ SLOW_FIXTURES = {
     "text_bundle",  # edge_fixtures: python -m keras_mha_export on text_run
     "token_files",  # test_export_tokens: fits a token classifier, 10 epochs
     "converted",  # test_convert_attention: converts every mode, twice
+    "tiny_bundle",  # test_pretrained: keras-mha-import + export of the tiny BERT
+    "encoder",  # test_debug: the tiny BERT exported in float32 and int8
 }
 
 
@@ -111,6 +116,23 @@ def augmented_run(tmp_path_factory) -> pathlib.Path:
     options = dict(d_model=16, num_heads=2, num_layers=1, ff_dim=32, pooling="mean")
     train("digits", out, epochs=3, shift_augment=True, dropout=0.1, verbose=0, **options)
     return out
+
+
+@pytest.fixture
+def figure(request):
+    """`figure(name, value, bound)`: keep a figure a trained model gave beside the
+    bound its test asserts (a junit property); returns `value`.
+
+    make test prints every one after its table (tests/summary.py), so a run on
+    any CPU shows how close each came to its bound. docs/trained_figures.md
+    lists them with the figures measured on each CPU and why each margin holds.
+    """
+
+    def record(name: str, value, bound: str):
+        request.node.user_properties.append(("figure", f"{name} = {float(value):.4g} ({bound})"))
+        return value
+
+    return record
 
 
 @pytest.fixture

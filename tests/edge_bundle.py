@@ -4,7 +4,7 @@
   keras_mha_export RUN --out OUT --quant QUANT` (this venv has TensorFlow);
   `export_bundle` fails the test if it fails.
 - `make_text_run(out)`: a small untrained token classifier as a run directory
-  with vocab.json (written by `keras_mha_edge.contract.vocab.Vocab`).
+  with vocab.json (written by `edge_demo.contract.vocab.Vocab`).
 - `example_manifest()`: a valid two-mode `Manifest` built from the contract's
   dataclasses (not a hand-written JSON copy).
 - `edit_manifest`, `match_model_file`, `match_file`: break a bundle copy the
@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 from environment import missing
 
-from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModelEntry
-from keras_mha_edge.contract.files import sha256_file
-from keras_mha_edge.contract.manifest import Manifest
-from keras_mha_edge.contract.parity import Parity, default_thresholds
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.contract.vocab import Vocab
+from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
+from edge_demo.contract.files import sha256_file
+from edge_demo.contract.manifest import Manifest
+from edge_demo.contract.parity import Parity, default_thresholds
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.contract.vocab import Vocab
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

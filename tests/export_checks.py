@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 from edge_bundle import REPO, run_main
 
-from keras_mha_edge.contract.files import sha256_file
+from edge_demo.contract.files import sha256_file
 from keras_mha_export.cli import main
 
 TFLITE_RUNTIME_PYTHON = REPO / ".venv-edge-tflite" / "bin" / "python"
@@ -35,7 +35,7 @@ def run_cli(argv: list) -> tuple[int, str, str]:
 
 def litert_outputs(path: pathlib.Path, x: np.ndarray) -> tuple[np.ndarray, dict, dict]:
     """Run a .tflite file with LiteRT directly, at batch 1: an oracle independent of
-    keras_mha_edge (its own interpreter calls, its own float64 quantization)."""
+    edge_demo (its own interpreter calls, its own float64 quantization)."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_path=str(path), num_threads=1)

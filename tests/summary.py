@@ -7,7 +7,10 @@ run's junit, where tests/conftest.py tags the tests of some parts with a
 `part` property (`part_of` below), and tests/keras_suite/run.py's files: one
 junit per suite and backend, or a .txt saying why that suite did not run.
 COUNTS.json files are counts from elsewhere, as make test-arm64 writes them:
-{"suite": "arm64", "passed": N, "failed": N, "skipped": N}.
+{"suite": "arm64", "passed": N, "failed": N, "skipped": N, "seconds": S}.
+Each line shows its time: a junit file's wall time (its testsuite's `time`),
+or for a part of the main run the sum of its tests' times. Before the table,
+the figures trained models gave in the main run, each beside its bound.
 
 A line fails when it has failures, ran no test (none passed) or has no
 results; then the table ends with one line naming each, and the exit is 1.
@@ -67,6 +70,16 @@ def counts(cases: list[ET.Element]) -> dict[str, int]:
     return result
 
 
+def seconds(junit: pathlib.Path, part: str | None) -> float:
+    """A whole junit file's wall time (its suites' `time`); a part's: its tests' times summed."""
+    root = ET.parse(junit).getroot()
+    if part is None:
+        suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+        if suites and all(s.get("time") for s in suites):
+            return sum(float(s.get("time")) for s in suites)
+    return sum(float(c.get("time") or 0) for c in cases(junit, part))
+
+
 def cases(junit: pathlib.Path, part: str | None = None) -> list[ET.Element]:
     found = ET.parse(junit).iter("testcase")
     return [c for c in found if part is None or _part(c) == part]
@@ -96,7 +109,7 @@ def line(results: pathlib.Path, file: str, part: str | None) -> tuple[dict | Non
         return None, f"no results ({path} is missing)"
     found = cases(path, part)
     skip = next((c.find("skipped") for c in found if outcome(c) == "skipped"), None)
-    result = counts(found)
+    result = counts(found) | {"seconds": seconds(path, part)}
     return result, verdict(result, "" if skip is None else skip.get("message", ""))
 
 
@@ -106,17 +119,20 @@ def extra(path: pathlib.Path) -> tuple[str, dict | None, str]:
         return str(path), None, "no results (the file is missing)"
     data = json.loads(path.read_text())
     found = {k: int(data.get(k, 0)) for k in ("passed", "failed", "skipped")}
+    if isinstance(data.get("seconds"), (int, float)):
+        found["seconds"] = float(data["seconds"])
     return str(data.get("suite", path.stem)), found, verdict(found)
 
 
 def table(rows: list[tuple[str, dict | None, str]]) -> str:
-    out = [f"{'make test':<42} {'passed':>7} {'failed':>7} {'skipped':>7}"]
+    out = [f"{'make test':<42} {'passed':>7} {'failed':>7} {'skipped':>7} {'seconds':>7}"]
     for label, found, problem in rows:
         if found is None:
-            numbers = f"{'-':>7} {'-':>7} {'-':>7}"
+            numbers = f"{'-':>7} {'-':>7} {'-':>7} {'-':>7}"
         else:
             skipped = found["skipped"] + found.get("excluded", 0)
-            numbers = f"{found['passed']:>7} {found['failed']:>7} {skipped:>7}"
+            took = f"{found['seconds']:>7.0f}" if "seconds" in found else f"{'-':>7}"
+            numbers = f"{found['passed']:>7} {found['failed']:>7} {skipped:>7} {took}"
         out.append(f"{label:<42} {numbers}  {'FAIL: ' + problem if problem else 'ok'}")
     failing = [label.strip().removeprefix("of which ") for label, _, problem in rows if problem]
     if failing:
@@ -126,6 +142,18 @@ def table(rows: list[tuple[str, dict | None, str]]) -> str:
     return "\n".join(out)
 
 
+def figures(results: pathlib.Path) -> list[str]:
+    """The trained models' figures the tests kept (tests/conftest.py `figure`), a line
+    each: the main run's, then the backend runs' (their junit file named before)."""
+    found = []
+    for junit in sorted(results.glob("*.xml"), key=lambda p: (p.name != MAIN, p.name)):
+        where = "" if junit.name == MAIN else f"[{junit.stem}] "
+        for case in ET.parse(junit).iter("testcase"):
+            for prop in case.findall("properties/property[@name='figure']"):
+                found.append(f"  {where}{case.get('name')}: {prop.get('value')}")
+    return found
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -133,6 +161,10 @@ def main(argv: list[str]) -> int:
     results = pathlib.Path(argv[0])
     rows = [(label, *line(results, file, part)) for label, file, part in LINES]
     rows += [extra(pathlib.Path(p)) for p in argv[1:]]
+    kept = figures(results)
+    if kept:  # before the table, whose last line is the verdict
+        print("\nFigures of trained models against their bounds (docs/trained_figures.md):")
+        print("\n".join(kept))
     print("\n" + table(rows))
     return 1 if any(problem for *_, problem in rows) else 0
 

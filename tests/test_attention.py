@@ -616,7 +616,7 @@ def test_causal_mask_blocks_the_future():
 
 
 # ------------------------------------------------------------ Keras citizen
-def test_functional_sequential_and_fit():
+def test_functional_sequential_and_fit(figure):
     keras.utils.set_random_seed(0)
     x = randn(64, 6, 8, seed=17)
     y = (x[:, :, 0].mean(-1) > 0).astype("int32")
@@ -626,13 +626,17 @@ def test_functional_sequential_and_fit():
     model = keras.Model(inputs, out)
     model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     history = model.fit(x, y, epochs=30, batch_size=16, verbose=0)
-    assert history.history["loss"][-1] < history.history["loss"][0] * 0.5
+    # 30 epochs of Adam 1e-2 on a separable target from log(2): the loss falls
+    # to a few percent of its start (docs/trained_figures.md); half is the bound.
+    ratio = history.history["loss"][-1] / history.history["loss"][0]
+    assert figure("loss last/first", ratio, "< 0.5") < 0.5
     seq = keras.Sequential(
         [keras.Input((6, 8)), MultiHeadAttention(num_heads=4), keras.layers.Flatten()]
     )
     assert seq(x).shape == (64, 48)
 
 
+@pytest.mark.slow  # a Python child importing a framework
 def test_save_load_round_trip_in_a_fresh_process(tmp_path):
     inputs = keras.Input((5, 8))
     h = MultiHeadAttention(num_heads=2, implementation="per_head", dropout=0.1, seed=4)(inputs)
@@ -667,7 +671,7 @@ def test_save_load_round_trip_in_a_fresh_process(tmp_path):
 
 @pytest.mark.slow
 @TF_ONLY  # tf.distribute.MirroredStrategy; JAX's ModelParallel is in test_attention_backends.py
-def test_trains_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
+def test_trains_under_mirrored_strategy_on_two_logical_cpus(tmp_path, figure):
     script = textwrap.dedent(
         """
         import json, numpy as np, tensorflow as tf
@@ -698,7 +702,9 @@ def test_trains_under_mirrored_strategy_on_two_logical_cpus(tmp_path):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["replicas"] == 2
     assert np.isfinite(result["loss"]).all()
-    assert result["loss"][-1] < result["loss"][0]
+    # 20 steps of Adam 1e-3 on a separable target: the loss falls (the
+    # direction only; two replicas' summation order moves the amount).
+    assert figure("loss last/first", result["loss"][-1] / result["loss"][0], "< 1") < 1
 
 
 # ---------------------------------------------------------------- bad input

@@ -40,7 +40,7 @@ def _run(script: str, unset: tuple[str, ...] = (), **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_classifier_fits_and_predicts_on_this_backend():
+def test_classifier_fits_and_predicts_on_this_backend(figure):
     keras.utils.set_random_seed(0)
     config = ModelConfig(d_model=16, num_heads=2, ff_dim=16, dropout=0.1, num_classes=3)
     model = build_classifier(config)
@@ -48,9 +48,11 @@ def test_classifier_fits_and_predicts_on_this_backend():
     y = (x[:, :, 0].mean(-1) > 0).astype("int32")
     model.compile(keras.optimizers.Adam(1e-2), "sparse_categorical_crossentropy")
     history = model.fit(x, y, epochs=8, batch_size=16, verbose=0)
-    # A separable target on its training set: 8 epochs of Adam 1e-2 at least
-    # halve the loss from log(3) on any CPU (measured ~0.3 of the start).
-    assert history.history["loss"][-1] < 0.75 * history.history["loss"][0]
+    # A separable target on its training set: 8 epochs of Adam 1e-2 bring the
+    # loss from log(3) to 0.05 of its start on TF (docs/trained_figures.md);
+    # the bound asks for a quarter off, which another CPU's rounding does not undo.
+    ratio = history.history["loss"][-1] / history.history["loss"][0]
+    assert figure("loss last/first", ratio, "< 0.75") < 0.75
     probs = keras.ops.convert_to_numpy(model.predict(x, verbose=0))
     np.testing.assert_allclose(probs.sum(-1), 1.0, atol=1e-5)
 
@@ -94,6 +96,7 @@ def test_import_keras_mha_changes_nothing_in_the_process():
     ["import keras_mha; import keras", "import keras; import keras_mha"],
     ids=["keras_mha-then-keras", "keras-then-keras_mha"],
 )
+@pytest.mark.slow  # a Python child importing a framework
 def test_load_model_after_a_bare_import_keras_mha(imports, tmp_path):
     """`import keras_mha` is all a user imports before loading a file with its
     layers, in either order with `import keras`, in a fresh process."""

@@ -8,6 +8,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -20,6 +22,7 @@ def _run(script: str, *args: str) -> None:
     )
 
 
+@pytest.mark.slow  # runs a benchmark in a child
 def test_attention_benchmark_reports_ratios_against_keras(tmp_path):
     out = tmp_path / "attention.json"
     _run("bench_attention.py", "--shapes", "edge", "--repeats", "2", "--json", str(out))
@@ -36,6 +39,7 @@ def test_attention_benchmark_reports_ratios_against_keras(tmp_path):
         assert r["forward_ratio"] > 0
 
 
+@pytest.mark.slow  # converts and runs int8 kernels in a child
 def test_int8_kernels_benchmark_reports_which_matmuls_xnnpack_takes(tmp_path):
     """The reason full int8 does not pay for attention: XNNPACK takes a float
     BATCH_MATMUL and an int8 FULLY_CONNECTED with constant weights, but no

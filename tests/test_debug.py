@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from edge_bundle import edit_manifest, run_main
 
-from keras_mha_edge.app.cli import main
-from keras_mha_edge.debug import debugger
-from keras_mha_edge.debug.cli import DYNAMIC_SAMPLES
-from keras_mha_edge.debug.debugger import debug_mode, float_ops, format_debug_table
-from keras_mha_edge.runtimes.model import EdgeModel
+from edge_demo.app.cli import main
+from edge_demo.debug import debugger
+from edge_demo.debug.cli import DYNAMIC_SAMPLES
+from edge_demo.debug.debugger import debug_mode, float_ops, format_debug_table
+from edge_demo.runtimes.model import EdgeModel
 
 SAMPLES = 40
 NUM_HEADS = 2  # conftest.make_digits_run

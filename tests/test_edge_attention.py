@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 from edge_bundle import edge_python, edit_manifest, match_file, one_error_line, run_main
 
-from keras_mha_edge.app.cli import main
-from keras_mha_edge.contract import attention, attention_parity
-from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS, AttentionThresholds
-from keras_mha_edge.contract.bundle import open_bundle
-from keras_mha_edge.contract.fields import Fields
-from keras_mha_edge.errors import UsageError
-from keras_mha_edge.runtimes.model import EdgeModel
-from keras_mha_edge.runtimes.runtime import select_runtime
-from keras_mha_edge.runtimes.score import run_mode
+from edge_demo.app.cli import main
+from edge_demo.contract import attention, attention_parity
+from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS, AttentionThresholds
+from edge_demo.contract.bundle import open_bundle
+from edge_demo.contract.fields import Fields
+from edge_demo.errors import UsageError
+from edge_demo.runtimes.model import EdgeModel
+from edge_demo.runtimes.runtime import select_runtime
+from edge_demo.runtimes.score import run_mode
 
 pytest_plugins = ["edge_fixtures"]
 
@@ -348,7 +348,7 @@ class _NoSignatures:
 
 def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
     """The device: classification as before, attention "n/a" with a note; export: a failure."""
-    from keras_mha_edge.app.report import parity_table
+    from edge_demo.app.report import parity_table
     from keras_mha_export.entry import judge
 
     litert = select_runtime("litert")
@@ -367,7 +367,7 @@ def test_a_runtime_that_cannot_run_the_view_reports_na(digits_bundle):
 
 def test_the_parity_table_is_narrow_unless_asked(digits_bundle):
     """The default table fits a terminal; --wide adds latency tails, memory and thresholds."""
-    from keras_mha_edge.app.report import parity_table
+    from edge_demo.app.report import parity_table
 
     bundle = open_bundle(digits_bundle, "float32,int8")
     results = [run_mode(bundle, mode, select_runtime("litert")) for mode in ("float32", "int8")]

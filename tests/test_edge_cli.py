@@ -22,8 +22,8 @@ import pytest
 from edge_bundle import edge_python, edit_manifest, match_model_file
 from export_checks import litert_outputs, tflite_runtime_outputs
 
-from keras_mha_edge.app.report import render_features
-from keras_mha_edge.runtimes.runtime import RUNTIMES
+from edge_demo.app.report import render_features
+from edge_demo.runtimes.runtime import RUNTIMES
 
 pytest_plugins = ["edge_fixtures"]  # bundle fixtures, built once per session
 
@@ -269,7 +269,7 @@ def test_text_is_tokenized_on_the_device_and_matches_keras(text_bundle, text_run
     import keras
 
     import keras_mha  # noqa: F401  (registers the custom layers)
-    from keras_mha_edge.contract.vocab import Vocab
+    from edge_demo.contract.vocab import Vocab
 
     sentence = "The cat SAT on a zebra"
     vocab = Vocab.load(text_bundle / "vocab.json")
@@ -347,7 +347,7 @@ def test_ctrl_c_is_exit_130_and_writes_no_report(digits_bundle, app_dir, tmp_pat
     report = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.Popen(
-        [str(edge_python("litert")), "-m", "edge_demo", str(digits_bundle), "--repeat", "100000",
+        [str(edge_python("litert")), "-m", "edge_demo", str(digits_bundle), "--repeat", "1000",
          "--quant", "float32", "--json", str(report)],
         cwd=app_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """The device contract's embedding task (a sentence encoder) on small synthetic inputs.
 
-Parity figures and thresholds (keras_mha_edge.contract.parity), the embedding
+Parity figures and thresholds (edge_demo.contract.parity), the embedding
 manifest (entries, manifest), eval.npz's embedding arrays (arrays), texts.json
 (bundle), tokenizer.json (wordpiece) and the dynamic-length helper of
 EdgeModel. No model is trained or exported: the vectors are unit vectors at
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from edge_bundle import example_manifest
 
-from keras_mha_edge.contract.arrays import UNIT_NORM_TOLERANCE, check_embedding_eval
-from keras_mha_edge.contract.bundle import MAX_TEXT, parse_texts, texts_json
-from keras_mha_edge.contract.entries import EvalSpec, FileRef, ModelEntry
-from keras_mha_edge.contract.manifest import Manifest
-from keras_mha_edge.contract.parity import (
+from edge_demo.contract.arrays import UNIT_NORM_TOLERANCE, check_embedding_eval
+from edge_demo.contract.bundle import MAX_TEXT, parse_texts, texts_json
+from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
+from edge_demo.contract.manifest import Manifest
+from edge_demo.contract.parity import (
     EMBEDDING_MIN_COSINE,
     EMBEDDING_MIN_MEAN_COSINE,
     FLOAT_THRESHOLDS,
@@ -33,10 +33,10 @@ from keras_mha_edge.contract.parity import (
     measure_embeddings,
     nearest,
 )
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.contract.wordpiece import WordPiece
-from keras_mha_edge.errors import UsageError
-from keras_mha_edge.runtimes.model import EdgeModel
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.contract.wordpiece import WordPiece
+from edge_demo.errors import UsageError
+from edge_demo.runtimes.model import EdgeModel
 
 EMBEDDING_KEYS = {"min_cosine", "mean_cosine", "top1", "top5"}
 
@@ -209,7 +209,7 @@ def test_embedding_thresholds_per_mode():
 
 
 def _fields():
-    from keras_mha_edge.contract.fields import Fields
+    from edge_demo.contract.fields import Fields
 
     return Fields("manifest.json")
 

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from keras_mha_edge.contract.arrays import check_eval, check_inputs
-from keras_mha_edge.contract.files import inside, read_inside, tflite_problem, write_json_atomic
-from keras_mha_edge.contract.manifest import MODES
-from keras_mha_edge.contract.parity import (
+from edge_demo.contract.arrays import check_eval, check_inputs
+from edge_demo.contract.files import inside, read_inside, tflite_problem, write_json_atomic
+from edge_demo.contract.manifest import MODES
+from edge_demo.contract.parity import (
     Parity,
     Thresholds,
     changes_allowed,
@@ -19,8 +19,8 @@ from keras_mha_edge.contract.parity import (
     measure,
     quantized_thresholds,
 )
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.errors import UsageError
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.errors import UsageError
 
 
 def spec(dtype: str, scale=None, zero_point=None) -> TensorSpec:
@@ -284,7 +284,7 @@ def test_check_eval_and_inputs_accept_what_a_model_writes():
 
 def test_parity_figures_read_leniently():
     """Figures are informative: a malformed entry reads as None, null as NaN, never a crash."""
-    from keras_mha_edge.contract.attention_parity import AttentionParity
+    from edge_demo.contract.attention_parity import AttentionParity
 
     parity = Parity(0.98, 1.0, math.nan, 0.004)
     again = Parity.from_json(parity.to_json())

@@ -23,20 +23,20 @@ import zipfile
 
 import numpy as np
 import pytest
-from edge_bundle import REPO, edit_manifest, one_error_line, run_main
+from edge_bundle import REPO, edge_python, edit_manifest, one_error_line, run_main
 
-from keras_mha_edge.app.cli import RUNTIME_CHOICES, main
-from keras_mha_edge.contract.arrays import read_npz
-from keras_mha_edge.contract.bundle import parse_labels
-from keras_mha_edge.contract.fields import parse_json
-from keras_mha_edge.contract.files import check_output, read_inside
-from keras_mha_edge.contract.manifest import Manifest
-from keras_mha_edge.contract.vocab import Vocab
-from keras_mha_edge.errors import UsageError, safe
-from keras_mha_edge.runtimes.runtime import RUNTIMES
+from edge_demo.app.cli import RUNTIME_CHOICES, main
+from edge_demo.contract.arrays import read_npz
+from edge_demo.contract.bundle import parse_labels
+from edge_demo.contract.fields import parse_json
+from edge_demo.contract.files import check_output, read_inside
+from edge_demo.contract.manifest import Manifest
+from edge_demo.contract.vocab import Vocab
+from edge_demo.errors import UsageError, safe, shown
+from edge_demo.runtimes.runtime import RUNTIMES
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "fuzz"))
-from mutations import apply  # noqa: E402
+from mutations import apply, fix_checksum  # noqa: E402
 
 pytest_plugins = ["edge_fixtures"]
 PROG = "keras-mha-edge"
@@ -108,10 +108,10 @@ def test_the_debugger_probes_its_models_first(text_copy):
 
 
 def test_a_load_failure_on_a_runtime_that_ran_the_mode_is_a_failure(text_bundle, monkeypatch):
-    from keras_mha_edge.app import runs
-    from keras_mha_edge.contract.bundle import open_bundle
-    from keras_mha_edge.runtimes.probe import ProbeResult
-    from keras_mha_edge.runtimes.runtime import select_runtime
+    from edge_demo.app import runs
+    from edge_demo.contract.bundle import open_bundle
+    from edge_demo.runtimes.probe import ProbeResult
+    from edge_demo.runtimes.runtime import select_runtime
 
     bundle = open_bundle(text_bundle, "int8,float32")
     runtime = select_runtime("litert")
@@ -222,7 +222,6 @@ def test_path_and_text_arguments_are_usage_errors(text_bundle, tmp_path):
 
 
 def test_attention_that_does_not_match_the_model_is_a_usage_error(text_copy):
-    from mutations import fix_checksum
 
     with np.load(text_copy / "attention.npz") as npz:
         arrays = {k: npz[k][:, :1] for k in npz.files}  # one head fewer
@@ -304,6 +303,14 @@ def test_outputs_refuse_special_files_and_the_bundle(text_bundle, tmp_path):
 
 def test_untrusted_strings_are_escaped_and_errors_stay_one_line(text_copy):
     assert safe("a\x1b[31mb\nc\ud800") == "a\\x1b[31mb\\x0ac\\ud800"
+    # shown to a person, a name holding the four characters \x1b is not the escape code's
+    assert shown("a\\x1bb") == "a\\\\x1bb" != shown("a\x1bb") == "a\\x1bb"
+    assert shown("C:\\dir") == "C:\\\\dir" and shown("plain") == "plain"
+    assert str(UsageError("bad", "dir/a\\x1bb")) == "dir/a\\\\x1bb: bad"
+    # safe() cleans fields and checks printability: idempotent, backslashes kept
+    for text in ("a\\x1bb", "a\x1bb\n", "C:\\dir"):
+        assert safe(safe(text)) == safe(text)
+    assert parse_labels(json.dumps(["cat\\dog", "b"]).encode(), 2, "labels.json")[0] == "cat\\dog"
     error = UsageError("bad\nthing \x1b[2J", "dir/na\nme")
     assert "\n" not in str(error) and "\x1b" not in str(error)
     edit_manifest(text_copy, lambda m: m["labels"].update(file="la\nbels.json"))
@@ -321,13 +328,36 @@ def test_the_command_line_imports_nothing_heavy_before_run_main():
     assert RUNTIME_CHOICES == tuple(RUNTIMES)
 
 
-def test_a_hostile_scale_prints_no_numpy_warning(text_copy):
-    def edit(manifest):
-        manifest["models"]["int8"]["input"]["scale"] = 1e300
+def test_a_hostile_scale_prints_no_numpy_warning(bundle_copy):
+    """A scale the manifest accepts (1e-30, its least) on a value eval.npz
+    accepts (3e38, finite) overflows float32 when the device quantizes the
+    input: numpy's arithmetic runs on it (before the runtime is even asked),
+    and `-W error` would turn any RuntimeWarning it printed into a crash
+    (without the app's np.errstate/np.seterr: "internal error:
+    RuntimeWarning: overflow encountered in divide", measured). The answer is
+    the one line about the scale the model does not have."""
+    with np.load(bundle_copy / "eval.npz") as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["x"] = arrays["x"].copy()
+    arrays["x"][0] = 3e38
+    np.savez(bundle_copy / "eval.npz", **arrays)
+    fix_checksum(bundle_copy, "eval.npz")
 
-    edit_manifest(text_copy, edit)
-    status, _, stderr = edge(text_copy, "--quant", "int8")
-    assert status == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    def edit(manifest):
+        manifest["models"]["int8"]["input"]["scale"] = 1e-30
+
+    edit_manifest(bundle_copy, edit)
+    done = subprocess.run(
+        [str(edge_python("litert")), "-W", "error", "-m", "edge_demo", str(bundle_copy)]
+        + ["--quant", "int8"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "input tensor differs from manifest.json: scale" in lines[0] and "1e-30" in lines[0]
 
 
 # --- review of the hardening (issue 21, second round) ----------------------------------------
@@ -391,7 +421,6 @@ def _huge_eval(bundle: pathlib.Path) -> str:
 
 @pytest.mark.parametrize("make", [_huge_attention, _huge_eval], ids=["attention", "eval"])
 def test_a_manifest_declaring_huge_shapes_does_not_raise_the_inflate_budget(text_copy, make):
-    from mutations import fix_checksum
 
     name = make(text_copy)
     assert (text_copy / name).stat().st_size < 4_000_000
@@ -402,7 +431,7 @@ def test_a_manifest_declaring_huge_shapes_does_not_raise_the_inflate_budget(text
 
 
 def test_read_inside_never_reads_more_than_the_file_cap(tmp_path, monkeypatch):
-    from keras_mha_edge.contract import files
+    from edge_demo.contract import files
 
     monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
     (tmp_path / "eval.npz").write_bytes(bytes(2000))
@@ -469,13 +498,13 @@ def _shared_reference_model(n: int) -> bytes:
 
 
 def test_the_flatbuffer_walk_has_one_budget_for_shared_tables(tmp_path):
-    from keras_mha_edge.contract.flatbuffer import index_problem
+    from edge_demo.contract.flatbuffer import index_problem
 
     assert index_problem(_shared_reference_model(3)) is None  # sound, and small: walked whole
     model = tmp_path / "model.tflite"
     model.write_bytes(_shared_reference_model(4000))  # 96 KB, 6.4e10 checks without a budget
     code = (
-        "import sys; from keras_mha_edge.contract.flatbuffer import index_problem; "
+        "import sys; from edge_demo.contract.flatbuffer import index_problem; "
         "print(index_problem(open(sys.argv[1], 'rb').read()))"
     )
     done = subprocess.run(
@@ -495,7 +524,6 @@ def test_a_model_is_checked_against_its_sha256_before_it_is_parsed(text_copy):
 
 
 def test_attention_outputs_must_be_named_by_layer(text_copy, tmp_path):
-    from mutations import fix_checksum
 
     path = text_copy / "model_int8.tflite"
     data = path.read_bytes()
@@ -556,7 +584,7 @@ def test_export_and_run_directories_read_labels_with_the_devices_parser():
 def test_a_symbolic_link_or_fifo_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
     import signal
 
-    from keras_mha_edge.contract import files
+    from edge_demo.contract import files
 
     monkeypatch.setattr(files, "inside", lambda root, name: root / name)  # the race, won
     (tmp_path / "secret").write_bytes(b"outside")
@@ -582,7 +610,7 @@ def test_a_symbolic_link_or_fifo_swapped_in_after_the_check_is_not_followed(tmp_
 def test_an_archive_of_too_many_members_is_refused_before_zipfile_reads_its_directory(
     monkeypatch,
 ):
-    from keras_mha_edge.contract import arrays
+    from edge_demo.contract import arrays
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:

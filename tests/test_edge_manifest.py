@@ -1,4 +1,4 @@
-"""manifest.json through keras_mha_edge.contract.manifest, and docs/artifacts.md against the code."""
+"""manifest.json through edge_demo.contract.manifest, and docs/artifacts.md against the code."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import re
 import pytest
 from edge_bundle import REPO, example_manifest
 
-from keras_mha_edge.contract.attention import CorefHead
-from keras_mha_edge.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from keras_mha_edge.contract.bundle import select_modes
-from keras_mha_edge.contract.entries import ModelEntry, Signature
-from keras_mha_edge.contract.fields import Fields
-from keras_mha_edge.contract.manifest import MODES, Manifest
-from keras_mha_edge.contract.parity import default_thresholds
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.contract.vocab import Vocab
-from keras_mha_edge.errors import UsageError
+from edge_demo.contract.attention import CorefHead
+from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from edge_demo.contract.bundle import select_modes
+from edge_demo.contract.entries import ModelEntry, Signature
+from edge_demo.contract.fields import Fields
+from edge_demo.contract.manifest import MODES, Manifest
+from edge_demo.contract.parity import default_thresholds
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.contract.vocab import Vocab
+from edge_demo.errors import UsageError
 
 DOCS = REPO / "docs" / "artifacts.md"
 

@@ -17,13 +17,13 @@ import pytest
 from edge_bundle import edge_python, one_error_line, run_main
 from test_micro import micro_python
 
-from keras_mha_edge.app.cli import main
-from keras_mha_edge.contract.bundle import open_bundle
-from keras_mha_edge.contract.files import sha256_file
-from keras_mha_edge.contract.parity import default_thresholds
-from keras_mha_edge.runtimes.model import EdgeModel
-from keras_mha_edge.runtimes.policy import runtime_content, runtime_entry
-from keras_mha_edge.runtimes.runtime import select_runtime
+from edge_demo.app.cli import main
+from edge_demo.contract.bundle import open_bundle
+from edge_demo.contract.files import sha256_file
+from edge_demo.contract.parity import default_thresholds
+from edge_demo.runtimes.model import EdgeModel
+from edge_demo.runtimes.policy import runtime_content, runtime_entry
+from edge_demo.runtimes.runtime import select_runtime
 
 pytest_plugins = ["edge_fixtures"]
 
@@ -114,9 +114,18 @@ def test_demo_on_tflm_passes_what_it_runs_and_skips_the_rest(digits_bundle, app_
             assert f"{mode}: skipped: " in done.stdout
 
 
-def test_tflm_parity_is_litert_parity_within_a_few_samples(digits_bundle, app_dir, tmp_path):
+# TFLM's accuracy and agreement against LiteRT's, on the 360 digits: at most 7
+# samples apart (0.0194), the bound tests/test_micro.py sets on the same effect
+# seen in the raw outputs (RAW_MIN_TOP1_SAME: 3x the worst of the 2 flips
+# measured over seeds 0-4 and two CPUs). The former 1 % (3 samples) was 1.5x.
+TFLM_GAP = 7  # samples of 360
+
+
+def test_tflm_parity_is_litert_parity_within_a_few_samples(
+    digits_bundle, app_dir, tmp_path, figure
+):
     """TFLM's reference kernels and XNNPACK round integer ops differently: a top-1
-    flip or two on 360 digits (tests/test_micro.py), never more than 1 %."""
+    flip or two on 360 digits (tests/test_micro.py), never more than 7."""
     figures = {}
     for runtime, python in (("tflite-micro", micro_python()), ("litert", edge_python("litert"))):
         report = tmp_path / f"{runtime}.json"
@@ -135,10 +144,10 @@ def test_tflm_parity_is_litert_parity_within_a_few_samples(digits_bundle, app_di
         figures[runtime] = json.loads(report.read_text())["modes"]
     for mode in ("int8", "float32"):
         a, b = figures["tflite-micro"][mode], figures["litert"][mode]
-        assert (
-            abs(a["accuracy"] - b["accuracy"]) <= 0.01
-            and abs(a["agreement"] - b["agreement"]) <= 0.01
-        )
+        gap = max(abs(a["accuracy"] - b["accuracy"]), abs(a["agreement"] - b["agreement"]))
+        samples = round(gap * 360)  # whole samples: 7/360 compared as floats can miss 7
+        figure(f"{mode} TFLM vs LiteRT, samples apart", samples, f"<= {TFLM_GAP} of 360")
+        assert samples <= TFLM_GAP, (mode, a, b)
 
 
 def test_tflm_without_a_deploy_file_is_bad_input(bundle_copy, app_dir):

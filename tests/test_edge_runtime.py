@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from edge_bundle import REPO, example_manifest
 
-import keras_mha_edge.runtimes
-from keras_mha_edge.contract.tensors import TensorSpec
-from keras_mha_edge.errors import UsageError
-from keras_mha_edge.runtimes import runtime as runtime_mod
-from keras_mha_edge.runtimes.model import EdgeModel, InferenceError
-from keras_mha_edge.runtimes.runtime import RUNTIMES, Runtime, RuntimeEntry, select_runtime
+import edge_demo.runtimes
+from edge_demo.contract.tensors import TensorSpec
+from edge_demo.errors import UsageError
+from edge_demo.runtimes import runtime as runtime_mod
+from edge_demo.runtimes.model import EdgeModel, InferenceError
+from edge_demo.runtimes.runtime import RUNTIMES, Runtime, RuntimeEntry, select_runtime
 
 
 class FakeInterpreter:
@@ -81,6 +81,41 @@ def test_edge_model_quantizes_inputs_and_dequantizes_outputs():
     assert raw.dtype == np.int8 and latencies.shape == (6,) and (latencies > 0).all()
 
 
+def test_a_long_timing_loop_reports_its_progress_and_a_short_one_stays_quiet():
+    import io
+
+    from edge_demo.runtimes.score import Progress
+
+    model = EdgeModel(FAKE_RUNTIME, b"", where="model_fake.tflite")
+    calls = []
+    model.run(model.prepare(np.zeros((2, 3), np.float32)), 4, lambda *a: calls.append(a))
+    assert [c[:2] for c in calls] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert all(b[2] >= a[2] >= 0 for a, b in zip(calls, calls[1:]))
+    out = io.StringIO()
+    quiet = Progress("int8", every=10, stream=out)
+    for done, seconds in [(1, 2.0), (2, 4.0), (3, 6.0)]:
+        quiet(done, 3, seconds)
+    assert out.getvalue() == ""  # under 10 s: nothing
+    loud = Progress("int8", every=10, stream=out)
+    for done in range(1, 7):  # 4 s a pass
+        loud(done, 6, 4.0 * done)
+    assert out.getvalue().splitlines() == [
+        "int8: pass 3 of 6, 12 s, about 12 s left",
+        "int8: pass 6 of 6, 24 s, about 0 s left",
+    ]
+
+
+def test_repeat_is_bounded_in_one_line(capsys):
+    from edge_demo.app.cli import MAX_REPEAT, build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["b", "--repeat", str(MAX_REPEAT + 1)])
+    assert exc.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--repeat" in line and f"from 1 to {MAX_REPEAT}, got {MAX_REPEAT + 1}" in line
+    assert build_parser().parse_args(["b", "--repeat", str(MAX_REPEAT)]).repeat == MAX_REPEAT
+
+
 def test_edge_model_reports_a_runtime_failure_and_a_manifest_mismatch():
     model = EdgeModel(FAKE_RUNTIME, b"", where="model_fake.tflite")
     with pytest.raises(InferenceError, match="fake failed on sample 1: kernel failed"):
@@ -103,7 +138,7 @@ def test_a_runtime_that_cannot_load_is_one_line():
 
 def test_a_third_runtime_plugs_in_as_one_entry(monkeypatch):
     """An entry whose module lives in this package (".name"), as the TFLite Micro adapter does."""
-    name = f"{keras_mha_edge.runtimes.__name__}.fake_runtime_for_tests"
+    name = f"{edge_demo.runtimes.__name__}.fake_runtime_for_tests"
     module = types.ModuleType(name)
     module.Interpreter = FakeInterpreter
     module.__version__ = "9.9"

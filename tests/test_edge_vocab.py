@@ -1,4 +1,4 @@
-"""The one Vocab (keras_mha_edge.contract.vocab): tokenizer, batches, strict vocab.json."""
+"""The one Vocab (edge_demo.contract.vocab): tokenizer, batches, strict vocab.json."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from keras_mha_edge.contract.vocab import FIELDS, Vocab
-from keras_mha_edge.errors import UsageError
+from edge_demo.contract.vocab import FIELDS, Vocab
+from edge_demo.errors import UsageError
 
 VALID = {
     "tokens": ["<pad>", "<unk>", "the", "cat", "sat", "don't"],

@@ -2,7 +2,7 @@
 
 `test_mode_converts_and_meets_its_thresholds` is the independent oracle: it
 runs each file with LiteRT directly (tests/export_checks.py), not through
-keras_mha_edge, and compares with the manifest's figures.
+edge_demo, and compares with the manifest's figures.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from edge_bundle import REPO
 from environment import missing
 from export_checks import NOISE, TFLITE_RUNTIME_PYTHON, litert_outputs, sha256, tflite_runtime_loads
 
-from keras_mha_edge.contract.bundle import open_bundle
-from keras_mha_edge.contract.manifest import MODES
-from keras_mha_edge.contract.parity import default_thresholds
-from keras_mha_edge.runtimes.runtime import select_runtime
-from keras_mha_edge.runtimes.score import run_mode
+from edge_demo.contract.bundle import open_bundle
+from edge_demo.contract.manifest import MODES
+from edge_demo.contract.parity import default_thresholds
+from edge_demo.runtimes.runtime import select_runtime
+from edge_demo.runtimes.score import run_mode
 from keras_mha_export.graph import read_graph
 
 FLOATS = {"float16", "float32", "float64"}

@@ -52,7 +52,7 @@ def test_a_model_without_encoder_blocks_exports_and_verifies(own_files, tmp_path
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "has no keras_mha TransformerEncoderBlock" in done.stdout + done.stderr
-    from keras_mha_edge.contract.manifest import Manifest
+    from edge_demo.contract.manifest import Manifest
 
     manifest = Manifest.read(tmp_path / "bundle")
     assert manifest.attention is None

@@ -17,7 +17,7 @@ from export_checks import (
     tflite_runtime_loads,
 )
 
-from keras_mha_edge.contract.vocab import Vocab
+from edge_demo.contract.vocab import Vocab
 from keras_mha_export import SourcePaths, export_bundle
 from keras_mha_export.graph import read_graph
 
@@ -55,7 +55,6 @@ def token_files(tmp_path_factory) -> pathlib.Path:
     model.fit(x_train, y_train, epochs=10, batch_size=32, verbose=0)
     x, y = toy_tokens(300, seed=1)
     probs = model.predict(x, verbose=0).astype("float32")
-    assert (probs.argmax(-1) == y).mean() > 0.95  # the toy task was learned
     out = tmp_path_factory.mktemp("tokens")
     model.save(out / "classifier.keras")
     np.savez(out / "eval.npz", x=x, y=y, probs=probs)
@@ -85,7 +84,18 @@ def token_bundle(token_files, tmp_path_factory) -> pathlib.Path:
 
 
 @pytest.mark.slow
-def test_token_model_exports_float32_and_integer_int8(token_files, token_bundle):
+def test_the_toy_token_task_is_learned(token_files, figure):
+    """Which of two tokens is more frequent among up to 8: 10 epochs of a small
+    model. Measured 1.0 on Intel Xeon (oneDNN on, off, AVX2, AVX512_CORE_BF16);
+    0.95 leaves 15 of the 300 held-out samples, far more than another CPU's
+    rounding changes in a model that has learned the rule (docs/trained_figures.md)."""
+    with np.load(token_files / "eval.npz") as npz:
+        accuracy = (npz["probs"].argmax(-1) == npz["y"]).mean()
+    assert figure("held-out accuracy", accuracy, "> 0.95") > 0.95
+
+
+@pytest.mark.slow
+def test_token_model_exports_float32_and_integer_int8(token_files, token_bundle, figure):
     out = token_bundle
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["verified"] == ["float32", "int8"]
@@ -109,6 +119,7 @@ def test_token_model_exports_float32_and_integer_int8(token_files, token_bundle)
     evaluation = np.load(token_files / "eval.npz")
     probs, _, _ = litert_outputs(out / "model_int8.tflite", evaluation["x"])
     agreement = (probs.argmax(-1) == evaluation["probs"].argmax(-1)).mean()
+    figure("int8 agreement", agreement, ">= the manifest's 1 % rule")
     assert agreement >= manifest["models"]["int8"]["thresholds"]["min_agreement"] - 1e-9
     assert agreement == pytest.approx(manifest["models"]["int8"]["parity"]["agreement"])
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from export_checks import leftovers, run_cli
 
-from keras_mha_edge.contract.parity import FLOAT_THRESHOLDS, Thresholds
-from keras_mha_edge.runtimes.runtime import Runtime, select_runtime
+from edge_demo.contract.parity import FLOAT_THRESHOLDS, Thresholds
+from edge_demo.runtimes.runtime import Runtime, select_runtime
 
 
 @pytest.mark.slow
@@ -104,7 +104,7 @@ def test_without_litert_tensorflow_without_default_delegates_verifies(
     from keras_mha_export import verify
 
     def no_litert(choice):
-        from keras_mha_edge.errors import UsageError
+        from edge_demo.errors import UsageError
 
         raise UsageError("cannot import ai_edge_litert.interpreter", "ai-edge-litert")
 
@@ -119,8 +119,8 @@ def test_without_litert_tensorflow_without_default_delegates_verifies(
         assert entry["verified_with"] == "tensorflow-builtin-without-default-delegates"
         assert "ai-edge-litert" not in entry["runtimes"]  # not claimed: LiteRT never saw it
     # The device, on LiteRT, gets the same verdict from the same scorer.
-    from keras_mha_edge.contract.bundle import open_bundle
-    from keras_mha_edge.runtimes.score import run_mode
+    from edge_demo.contract.bundle import open_bundle
+    from edge_demo.runtimes.score import run_mode
 
     bundle = open_bundle(out)
     for mode in bundle.modes:

@@ -73,7 +73,7 @@ def test_a_part_counts_only_its_tagged_tests(tmp_path):
         ("d", "passed"),
     )
     assert summary.line(tmp_path, "pytest.xml", "browser") == (
-        {"passed": 1, "failed": 0, "skipped": 1, "excluded": 0},
+        {"passed": 1, "failed": 0, "skipped": 1, "excluded": 0, "seconds": 0.0},
         "",
     )
     assert summary.line(tmp_path, "pytest.xml", None)[0]["passed"] == 3
@@ -112,10 +112,52 @@ def test_table_passes_when_every_line_ran_and_none_failed(tmp_path, capsys):
     _all_green(tmp_path)
     assert summary.main([str(tmp_path)]) == 0
     header, *rows, last = capsys.readouterr().out.strip().splitlines()
-    assert header.split() == ["make", "test", "passed", "failed", "skipped"]
+    assert header.split() == ["make", "test", "passed", "failed", "skipped", "seconds"]
     assert len(rows) == len(summary.LINES) and all(row.endswith("  ok") for row in rows)
-    assert rows[0].split()[-4:] == ["4", "0", "1", "ok"]  # one test per part, one skipped
+    assert rows[0].split()[-5:] == ["4", "0", "1", "0", "ok"]  # one test per part, one skipped
     assert last == f"make test: all {len(summary.LINES)} lines ran tests and none failed"
+
+
+def test_each_line_shows_its_time(tmp_path, capsys):
+    """A junit file's wall time (its suite's `time`), a part's tests summed, arm64's own."""
+    _all_green(tmp_path)
+    main = tmp_path / summary.MAIN
+    text = main.read_text().replace(
+        '<testsuite name="pytest">', '<testsuite name="pytest" time="1234.5">'
+    )
+    text = text.replace(
+        'classname="tests.test_x" name="browser"',
+        'classname="tests.test_x" name="browser" time="61.4"',
+    )
+    main.write_text(text)
+    arm64 = tmp_path / "arm64.json"
+    arm64.write_text(json.dumps({"suite": "arm64", "passed": 3, "failed": 0, "seconds": 700.2}))
+    assert summary.main([str(tmp_path), str(arm64)]) == 0
+    out = capsys.readouterr().out
+    assert row_of(out, "pytest on TensorFlow, all of tests/").split()[3] == "1234"
+    assert row_of(out, "  of which browser (tests/test_view.py)").split()[3] == "61"
+    assert row_of(out, "arm64") == "3 0 0 700 ok"
+
+
+def test_the_figures_of_trained_models_come_before_the_table(tmp_path, capsys):
+    _all_green(tmp_path)
+    main = tmp_path / summary.MAIN
+    prop = '<property name="figure" value="test_accuracy = 0.9611 (&gt;= 0.85)"/>'
+    text = main.read_text().replace('name="x">', f'name="x"><properties>{prop}</properties>', 1)
+    main.write_text(text)
+    assert summary.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "  x: test_accuracy = 0.9611 (>= 0.85)" in out.splitlines()
+    assert out.index("test_accuracy") < out.index("make test: all")
+    # the backend runs' figures too, named by their file
+    jax = tmp_path / "layer-tests-jax.xml"
+    jax.write_text(
+        jax.read_text().replace(
+            'name="test_0">', f'name="test_0"><properties>{prop}</properties>', 1
+        )
+    )
+    summary.main([str(tmp_path)])
+    assert "  [layer-tests-jax] test_0: test_accuracy = 0.9611 (>= 0.85)" in capsys.readouterr().out
 
 
 def test_table_fails_and_names_the_line_that_ran_nothing(tmp_path, capsys):
@@ -123,7 +165,7 @@ def test_table_fails_and_names_the_line_that_ran_nothing(tmp_path, capsys):
     write_junit(tmp_path / "layer-tests-torch.xml", *many(5, "skipped"), why="no torch")
     assert summary.main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert row_of(out, "layer tests, torch") == "0 0 5 FAIL: no test ran (skipped: no torch)"
+    assert row_of(out, "layer tests, torch") == "0 0 5 0 FAIL: no test ran (skipped: no torch)"
     assert out.strip().endswith(f"FAILED, 1 of {len(summary.LINES)} lines: layer tests, torch")
 
 
@@ -132,7 +174,7 @@ def test_a_missing_results_file_fails_the_table(tmp_path, capsys):
     (tmp_path / "keras-suite-tensorflow.xml").unlink()
     assert summary.main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
-    assert row_of(out, "keras suite, tensorflow").startswith("- - - FAIL: no results (")
+    assert row_of(out, "keras suite, tensorflow").startswith("- - - - FAIL: no results (")
     assert out.strip().endswith("lines: keras suite, tensorflow")
 
 
@@ -141,7 +183,7 @@ def test_counts_json_lines_arm64(tmp_path, capsys):
     arm64 = tmp_path / "summary.json"
     arm64.write_text(json.dumps({"suite": "arm64", "passed": 4, "failed": 0, "skipped": 0}))
     assert summary.main([str(tmp_path), str(arm64)]) == 0
-    assert row_of(capsys.readouterr().out, "arm64") == "4 0 0 ok"
+    assert row_of(capsys.readouterr().out, "arm64") == "4 0 0 - ok"
     arm64.write_text(json.dumps({"suite": "arm64", "passed": 3, "failed": 1, "skipped": 0}))
     assert summary.main([str(tmp_path), str(arm64)]) == 1
     assert capsys.readouterr().out.strip().endswith("lines: arm64")

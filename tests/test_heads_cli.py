@@ -170,7 +170,7 @@ def test_cli_bad_input(digits_run, tmp_path, capsys):
     fails(["prune", str(digits_run), "--fraction", "-0.1", "--out", str(tmp_path / "o")], "[0, 1)")
     fails(
         ["prune", str(digits_run), "--fraction", "0.9", "--out", str(tmp_path / "o")],
-        "removes 2 of 2 heads, which would leave a layer with no head",
+        "is 2 of 2 heads, which would leave a layer with no head",
     )
     assert not (tmp_path / "o").exists()
     assert not list(tmp_path.glob(".o.*"))  # no half-written temp dir left

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from run_checks import assert_answered_without_tensorflow
 
+from edge_demo.contract.files import sha256_file
+from edge_demo.errors import UsageError
 from keras_mha.data import generate_pronouns
 from keras_mha.heads import coref
 from keras_mha.heads.cli import main
-from keras_mha_edge.contract.files import sha256_file
-from keras_mha_edge.errors import UsageError
 
 # the word pieces of all-MiniLM-L6-v2's tokenizer for this sentence
 PIECES = "the routers slowed down the programs since they were so unplugged"
@@ -224,9 +224,9 @@ def test_coref_on_a_tiny_imported_bert(tiny_run, tmp_path, capsys):
 def _word_run(out, max_length: int | None):
     """An untrained classifier on the pronoun vocabulary, as a run directory
     (`max_length` None: on 8 x 8 features, like digits, without a vocabulary)."""
+    from edge_demo.contract.vocab import Vocab
     from keras_mha.data import pronouns_vocab
     from keras_mha.model import ModelConfig, build_classifier
-    from keras_mha_edge.contract.vocab import Vocab
 
     vocab = None if max_length is None else Vocab(pronouns_vocab().tokens, max_length=max_length)
     config = ModelConfig(

@@ -19,11 +19,11 @@ import pytest
 from heads_models import tiny_token_model
 from test_edge_embedding import tokenizer_json
 
+from edge_demo.errors import UsageError
 from keras_mha.heads import encoder as E
 from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.pretrained.bert import build_encoder, encoder_forward
 from keras_mha.pretrained.config import BertConfig
-from keras_mha_edge.errors import UsageError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = BertConfig(
@@ -238,6 +238,7 @@ def test_a_pruned_config_records_its_heads_per_layer():
         assert str(error.value).startswith("metrics.json: ") and problem in str(error.value)
 
 
+@pytest.mark.slow  # a Python child importing a framework
 def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path, capsys):
     """`keras-mha-heads importance|prune RUN` for an embedding run (cmd_*_embedding)."""
     from keras_mha.rundir.embedding import read_embedding_run

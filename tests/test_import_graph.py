@@ -13,7 +13,7 @@ hidden import is still a dependency (issue 20: bundle -> manifest -> entries
     app              the command line: may import everything; nothing imports it
                      but __main__
 
-keras_mha (the library) may import from keras_mha_edge only `errors`,
+keras_mha (the library) may import from edge_demo only `errors`,
 `contract.*` and the head view page (`view.page`, which `keras-mha-heads view`
 writes); never the runtimes or the app. The exporter also imports `runtimes.*`:
 it verifies a bundle with the device's own code (`runtimes.score.run_mode`).
@@ -30,8 +30,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EDGE = REPO / "edge_demo"
-TOP = "edge_demo"
-INSTALLED = "keras_mha_edge"  # setup.cfg's package_dir: keras_mha_edge = edge_demo
+TOP = "edge_demo"  # the folder's name, installed under it (setup.cfg)
 
 # layer -> the layers its modules may import ("" is the package's __init__.py).
 ALLOWED = {
@@ -45,7 +44,7 @@ ALLOWED = {
     "app": {"", "errors", "tables", "contract", "runtimes", "view", "debug", "app"},
     "__main__": {"app"},
 }
-# What each importer outside edge_demo may import from keras_mha_edge, by
+# What each importer outside edge_demo may import from edge_demo, by
 # dotted prefix below the package.
 OUTSIDE = {
     "keras_mha": ("errors", "contract", "view.page"),
@@ -95,10 +94,7 @@ def imports_of(
 
 
 def _edge_name(name: str) -> str:
-    """`keras_mha_edge.x` as the edge_demo module it names."""
-    head, _, rest = name.partition(".")
-    if head == INSTALLED:
-        return f"{TOP}.{rest}" if rest else TOP
+    """The edge_demo module a dotted name names (the identity: one name per room)."""
     return name
 
 
@@ -206,7 +202,7 @@ def test_imports_flow_one_way():
 
 
 def test_edge_demo_imports_itself_relatively_and_never_tensorflow():
-    """Relative imports inside the package (it runs as edge_demo and as keras_mha_edge);
+    """Relative imports inside the package (a device runs a copy of the folder);
     no tensorflow, keras or keras_mha anywhere, not even inside a function."""
     wrong = []
     for name, path in MODULES.items():
@@ -214,7 +210,7 @@ def test_edge_demo_imports_itself_relatively_and_never_tensorflow():
         for line, target, relative in imports_of(path.read_text(), name, is_package, str(path)):
             top = target.split(".")[0]
             where = f"{path.relative_to(REPO)}:{line}"
-            if top in (TOP, INSTALLED) and not relative:
+            if top == TOP and not relative:
                 wrong.append(f"{where}: absolute import of {target}; use a relative import")
             if top in FORBIDDEN_TOP_LEVEL:
                 wrong.append(f"{where}: imports {target}")
@@ -237,9 +233,9 @@ def test_the_library_and_the_exporter_import_only_what_they_may(importer):
             below = target[len(TOP) + 1 :]
             seen.add(below)
             if not any(below == a or below.startswith(f"{a}.") for a in allowed):
-                wrong.append(f"{path.relative_to(REPO)}:{line} imports {INSTALLED}.{below or ''}")
-    assert not wrong, f"{importer} may import only {allowed} from {INSTALLED}:\n" + "\n".join(wrong)
-    assert seen, f"{importer} imports nothing from {INSTALLED}: is the test looking right?"
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {TOP}.{below or ''}")
+    assert not wrong, f"{importer} may import only {allowed} from {TOP}:\n" + "\n".join(wrong)
+    assert seen, f"{importer} imports nothing from {TOP}: is the test looking right?"
 
 
 def test_setup_cfg_installs_every_sub_package():
@@ -247,11 +243,7 @@ def test_setup_cfg_installs_every_sub_package():
     config = configparser.ConfigParser()
     config.read(REPO / "setup.cfg")
     packages = set(config["options"]["packages"].split())
-    wanted = {
-        name.replace(TOP, INSTALLED, 1)
-        for name, path in MODULES.items()
-        if path.name == "__init__.py"
-    }
+    wanted = {name for name, path in MODULES.items() if path.name == "__init__.py"}
     assert wanted <= packages, (
         f"missing from setup.cfg [options] packages: {sorted(wanted - packages)}"
     )
@@ -267,11 +259,11 @@ def test_setup_cfg_installs_every_sub_package():
 
 
 _PATH = re.compile(r"\bedge_demo/[\w/]*\w\.py\b")
-_DOTTED = re.compile(r"\bkeras_mha_edge(?:\.\w+)+")
+_DOTTED = re.compile(r"\bedge_demo(?:\.\w+)+")
 
 
 def test_module_paths_named_in_docs_and_docstrings_exist():
-    """`edge_demo/x/y.py` and `keras_mha_edge.x.y[.name]` in docs and code name what exists."""
+    """`edge_demo/x/y.py` and `edge_demo.x.y[.name]` in docs and code name what exists."""
     texts = [*(REPO / "docs").glob("*.md"), EDGE / "README.md", REPO / "README.md"]
     for folder in ("edge_demo", "export", "keras_mha", "tests", "benchmarks", ".ci"):
         texts.extend(p for p in _python_files(REPO / folder) if p != pathlib.Path(__file__))
@@ -293,3 +285,53 @@ def test_module_paths_named_in_docs_and_docstrings_exist():
             if module == TOP or not re.search(pattern, MODULES[module].read_text(), re.MULTILINE):
                 wrong.append(f"{path.relative_to(REPO)}: {match.group()}")
     assert not wrong, "names of modules that do not exist:\n" + "\n".join(sorted(set(wrong)))
+
+
+def test_each_room_is_imported_by_its_folders_name():
+    """A newcomer who greps a folder's name finds its imports: edge_demo/ is
+    imported as edge_demo; export/ as keras_mha_export (a top-level `export`
+    would clash with other packages), the one mapping setup.cfg makes and
+    export/__init__.py states. No other name for either anywhere."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    mapping = dict(
+        line.split("=", 1) for line in config["options"]["package_dir"].split("\n") if "=" in line
+    )
+    assert {k.strip(): v.strip() for k, v in mapping.items()} == {"keras_mha_export": "export"}
+    assert "keras_mha_export" in (REPO / "export" / "__init__.py").read_text()
+    old = "keras_mha" + "_edge"  # the former installed name of edge_demo/
+    stale = [
+        f"{path.relative_to(REPO)}"
+        for folder in ("keras_mha", "export", "edge_demo", "tests", "benchmarks", ".ci")
+        for path in (REPO / folder).rglob("*")
+        if path.suffix in (".py", ".sh", ".cfg", ".toml", ".md")
+        and "__pycache__" not in path.parts
+        and old in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    assert not stale, f"{old} is no longer a name: {stale}"
+
+
+def test_every_command_is_a_console_script_of_a_cli_module_the_error_policy_names():
+    """Every command is a console script whose module is a command line (a `cli`
+    module: no main() inside a library module), and errors.py's docstring, the
+    policy they share, names each one."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    scripts = dict(
+        line.split("=", 1)
+        for line in config["options.entry_points"]["console_scripts"].split("\n")
+        if "=" in line
+    )
+    policy = (EDGE / "errors.py").read_text().split('"""')[1]
+    for name, target in scripts.items():
+        module = target.strip().split(":")[0]
+        assert module.rsplit(".", 1)[-1] in ("cli", "qat_cli"), (name, module)
+        assert name.strip() in " ".join(policy.split()), f"errors.py does not name {name}"
+    mains = [
+        str(path.relative_to(REPO))
+        for folder in ("keras_mha", "export")
+        for path in _python_files(REPO / folder)
+        if path.name not in ("cli.py", "qat_cli.py", "__main__.py")
+        and re.search(r"^def main\(", path.read_text(), re.MULTILINE)
+    ]
+    assert not mains, f"main() inside library modules: {mains}"

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from environment import missing
 
-from keras_mha_edge.contract.parity import Thresholds, measure
-from keras_mha_edge.contract.tensors import TensorSpec
+from edge_demo.contract.parity import Thresholds, measure
+from edge_demo.contract.tensors import TensorSpec
 
 pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
 
@@ -193,7 +193,7 @@ RAW_MIN_TOP1_SAME = 0.98  # 7 of 360 flips; 2 measured
 
 
 @pytest.mark.parametrize("mode", ["int8", "int16x8"])
-def test_micro_raw_outputs_agree_with_litert(micro_run, mode):
+def test_micro_raw_outputs_agree_with_litert(micro_run, mode, figure):
     """Same integer graph, two kernel libraries: only requantization rounding differs.
 
     TFLM's reference kernels and LiteRT's (XNNPACK) round intermediate
@@ -214,7 +214,12 @@ def test_micro_raw_outputs_agree_with_litert(micro_run, mode):
         "p99_quanta": float(np.percentile(delta, 99)),
         "top1_same": float((ours.argmax(-1) == theirs.argmax(-1)).mean()),
     }
-    print(mode, figures)  # the measured figures, with pytest -s
+    figure(
+        "share of raw values different", figures["share_different"], f"<= {RAW_MAX_SHARE_DIFFERENT}"
+    )
+    figure("max quanta", figures["max_quanta"], f"<= {RAW_MAX_QUANTA}")
+    figure("p99 quanta", figures["p99_quanta"], f"<= {RAW_P99_QUANTA}")
+    figure("top-1 same", figures["top1_same"], f">= {RAW_MIN_TOP1_SAME}")
     assert figures["share_different"] <= RAW_MAX_SHARE_DIFFERENT, (mode, figures)
     assert figures["max_quanta"] <= RAW_MAX_QUANTA, (mode, figures)
     assert figures["p99_quanta"] <= RAW_P99_QUANTA, (mode, figures)
@@ -247,7 +252,7 @@ def test_smallest_arena_runs_and_a_smaller_one_fails(micro_run):
 
 def test_deploy_file_without_names_runs_bit_identical_in_tflm_and_litert(micro_run):
     """The stripped int8 file: smaller, same tensors but for names, same raw outputs."""
-    from keras_mha_edge.runtimes.runtime import select_runtime
+    from edge_demo.runtimes.runtime import select_runtime
     from keras_mha_export.deploy import deploy_bytes, verify_stripped
 
     named = micro_run["report"]["modes"]["int8"]

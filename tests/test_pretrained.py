@@ -106,6 +106,7 @@ def backend_diffs(backend, model_dir, ref_path, out, layers: int, max_length: in
         return _compare(z["vectors"], [z[f"a{i}"] for i in range(layers)], dict(ref))
 
 
+@pytest.mark.slow  # children in the JAX and torch venvs
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_encoder_matches_transformers_on_other_backends(tiny, backend, tmp_path):
     diffs = backend_diffs(

@@ -88,6 +88,7 @@ def test_bad_alpha_and_a_classifier_are_refused(planted):
         R.measure(tiny_token_model()[0], sentences(4))
 
 
+@pytest.mark.slow  # a Python child importing a framework
 def test_the_rescaled_run_reloads_in_a_new_process(planted, tmp_path):
     source = write_tiny_run(planted, tmp_path / "source")
     lines = []
@@ -124,7 +125,7 @@ def test_the_command_refuses_bad_input_in_one_line(tmp_path):
         ([str(tmp_path / "nothing"), "--out", str(tmp_path / "o")], "nothing"),
     ):
         done = subprocess.run(
-            [sys.executable, "-m", "keras_mha.pretrained.rescale", *argv],
+            [str(pathlib.Path(sys.executable).parent / "keras-mha-rescale"), *argv],
             capture_output=True,
             text=True,
             env=env,

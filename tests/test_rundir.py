@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
+from edge_demo.errors import UsageError
 from keras_mha.data import pronouns_vocab
 from keras_mha.model import ModelConfig, build_classifier
 from keras_mha.rundir import EvalSet, RunWriter, read_run
-from keras_mha_edge.errors import UsageError
 
 DIGITS = ModelConfig(d_model=8, num_heads=2, ff_dim=8, seed=1)
 

@@ -128,6 +128,7 @@ print("restored")
 """
 
 
+@pytest.mark.slow  # a Python child importing a framework
 def test_op_determinism_is_restored():
     """In a fresh process: an earlier in-process train() may have left it on in this one."""
     env = {k: v for k, v in os.environ.items() if k != "TF_DETERMINISTIC_OPS"}

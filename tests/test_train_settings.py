@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from edge_demo.errors import UsageError
 from keras_mha import data, train
 from keras_mha.train import memory
 from keras_mha.train.augment import shift_augment
-from keras_mha_edge.errors import UsageError
 
 
 def test_presets_are_valid_configs():

@@ -1,4 +1,4 @@
-"""The attention page (keras_mha_edge.view.page), in Python and in a real browser.
+"""The attention page (edge_demo.view.page), in Python and in a real browser.
 
 The browser tests open the page in headless Chromium (Debian's chromium and
 chromium-driver, installed by `make browser`; Selenium from the `test`
@@ -21,7 +21,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from keras_mha_edge.view.page import ViewData, page_data, render_html, write_html
+from edge_demo.view.page import ViewData, page_data, render_html, write_html
 
 pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
 
@@ -180,8 +180,8 @@ PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "animal", "didn", "'", "t",
 def test_word_pieces_are_shown_as_typed_and_the_pronoun_is_a_whole_word():
     from test_edge_embedding import tokenizer_json
 
-    from keras_mha_edge.contract.wordpiece import WordPiece
-    from keras_mha_edge.view.page import initial_query
+    from edge_demo.contract.wordpiece import WordPiece
+    from edge_demo.view.page import initial_query
 
     pieces = WordPiece.from_bytes(
         tokenizer_json({t: i for i, t in enumerate(PIECES)}), 32, "tokenizer.json"
@@ -350,8 +350,8 @@ def test_text_page_opens_on_the_pronoun_and_says_it_was_truncated(browser, tmp_p
 @pytest.mark.slow
 def test_device_and_keras_pages_render(browser, digits_bundle, digits_run, tmp_path):
     """The page as the two commands write it: from the device's int8 model, and from Keras."""
+    from edge_demo.app.cli import main as edge_main
     from keras_mha.heads.cli import main as heads_main
-    from keras_mha_edge.app.cli import main as edge_main
 
     device, keras_page = tmp_path / "device.html", tmp_path / "keras.html"
     assert edge_main([str(digits_bundle), "--sample", "3", "--view", str(device)]) == 0
@@ -512,9 +512,9 @@ def test_encoder_pages_show_pieces_as_typed_and_open_on_the_coref_head(
     captioned with its layer selected, one map per layer x head."""
     from selenium.webdriver.common.by import By
 
+    from edge_demo.app.cli import main as edge_main
+    from edge_demo.contract.files import sha256_file
     from keras_mha.heads.cli import main as heads_main
-    from keras_mha_edge.app.cli import main as edge_main
-    from keras_mha_edge.contract.files import sha256_file
 
     run, bundle, shape = tiny_encoder
     record = json.loads((run / "heads" / "coref.json").read_text())

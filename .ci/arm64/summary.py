@@ -1,6 +1,7 @@
 """The gate and the README tables of a test-arm64 results folder.
 
-usage: python3 summary.py OUT_DIR [CPU ...] [--run-status N] [--tables FILE] [--json FILE]
+usage: python3 summary.py OUT_DIR [CPU ...] [--run-status N] [--seconds S] [--tables FILE]
+                          [--json FILE]
 (numpy only; prints Markdown tables, then one line per failed check on stderr)
 
 OUT_DIR holds, per machine M (x86-64 and each CPU) and bundle B (digits,
@@ -17,8 +18,9 @@ text, encoder: all-MiniLM-L6-v2 in dynamic-range mode): M-B.json (the edge demo'
 
 A missing file fails the checks that need it. Exit 0 when every check
 passes, 1 otherwise, 2 on bad usage. `--json FILE` writes
-{"suite": "arm64", "passed": P, "failed": F, "skipped": 0}; `--tables FILE`
-writes the Markdown printed on stdout.
+{"suite": "arm64", "passed": P, "failed": F, "skipped": 0} (and "seconds": S,
+the run's time, when `--seconds` gives it: make test's table shows it);
+`--tables FILE` writes the Markdown printed on stdout.
 """
 
 from __future__ import annotations
@@ -298,6 +300,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("out", type=pathlib.Path, help="the results folder")
     parser.add_argument("cpus", nargs="*", default=["cortex-a72", "cortex-a76"])
     parser.add_argument("--run-status", type=int, default=0, metavar="N")
+    parser.add_argument("--seconds", type=float, metavar="S", help="the run's time, for the table")
     parser.add_argument("--tables", type=pathlib.Path, metavar="FILE")
     parser.add_argument("--json", type=pathlib.Path, metavar="FILE")
     args = parser.parse_intermixed_args(argv)
@@ -313,7 +316,8 @@ def main(argv: list[str]) -> int:
     if args.tables is not None:
         _write(args.tables, tables + "\n")
     if args.json is not None:
-        _write(args.json, json.dumps(gate.to_json()) + "\n")
+        counts = gate.to_json() | ({} if args.seconds is None else {"seconds": args.seconds})
+        _write(args.json, json.dumps(counts) + "\n")
     total = gate.passed + len(gate.failures)
     for failure in gate.failures:
         print(f"test-arm64: FAIL: {failure}", file=sys.stderr)

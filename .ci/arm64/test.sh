@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test-arm64: the edge demo on emulated 64-bit Raspberry Pi CPUs.
 #
-# Restores (or first builds, ~11 min) a Debian bookworm arm64 root file system
+# Restores (or first builds: rootfs.sh) a Debian bookworm arm64 root file system
 # with numpy + LiteRT, copies edge_demo/ and the bundles in, and runs
 # `python3 -m edge_demo BUNDLE --json REPORT` as each CPU in ARM64_CPUS
 # (QEMU_CPU). Passes when every run exits 0 (every mode meets the manifest's
@@ -24,7 +24,6 @@ encoder_bundle=${4:?encoder bundle}
 sentence=${5:?a sentence for --text}
 query=${6:?"a query for the encoder's --text"}
 cpus=${ARM64_CPUS-cortex-a72 cortex-a76}
-cache=${ARM64_CACHE:-/var/cache/keras-mha}
 chroot=$(command -v chroot || echo /usr/sbin/chroot)
 
 fail() { echo "test-arm64: FAIL: $*" >&2; exit 1; }
@@ -40,30 +39,8 @@ for path in "$digits" "$text_bundle" "$encoder_bundle"; do
 done
 [ "$(id -u)" = 0 ] || { echo "test-arm64: needs root (chroot, mount); make test does not" >&2; exit 2; }
 
-# --- host tools: Debian's packages ------------------------------------------------
-if ! command -v qemu-aarch64-static >/dev/null || ! command -v debootstrap >/dev/null ||
-    ! command -v update-binfmts >/dev/null || ! command -v zstd >/dev/null; then
-    echo "test-arm64: installing qemu-user-static debootstrap binfmt-support zstd"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static debootstrap binfmt-support zstd
-fi
-if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
-    mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
-fi
-if ! grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null; then
-    update-binfmts --enable qemu-aarch64
-fi
-grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 || fail "binfmt_misc has no enabled qemu-aarch64 entry"
-
-# --- the root file system, cached by the build script's sha256 ---------------------
-key=$(sha256sum "$here/build-rootfs.sh" | cut -d' ' -f1)
-archive=$cache/arm64-rootfs-$key.tar.zst
-if [ ! -f "$archive" ]; then
-    echo "test-arm64: no cached root file system ($archive): building it (~11 minutes)"
-    start=$(date +%s)
-    nice -n 15 "$here/build-rootfs.sh" "$archive"
-    echo "test-arm64: built in $(($(date +%s) - start)) s"
-fi
+# --- host tools and the root file system (cached by its build script's sha256) ----
+archive=$("$here/rootfs.sh") || fail "no root file system (.ci/arm64/rootfs.sh)"
 
 root=$(mktemp -d /var/tmp/keras-mha-arm64.XXXXXX)
 cleanup() {

@@ -17,10 +17,11 @@ from ..errors import (
     DEBUG_ENV,
     Parser,
     UsageError,
+    int_in,
     nonnegative_int,
     positive_int,
     run_main,
-    safe,
+    shown,
 )
 from .options import DemoOptions
 
@@ -28,6 +29,9 @@ from .options import DemoOptions
 # while they import is "interrupted", not a traceback. These names are the
 # runtimes' (runtimes/runtime.py RUNTIMES), kept here so --help imports nothing.
 RUNTIME_CHOICES = ("litert", "tflite-runtime", "tflite-micro")
+# Passes over eval.npz for latency: percentiles settle within a few; 1,000
+# passes of a text bundle already take minutes (progress goes to stderr).
+MAX_REPEAT = 1000
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
 
@@ -93,10 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--repeat",
-        type=positive_int,
+        type=int_in(1, MAX_REPEAT),
         default=1,
         metavar="N",
-        help="passes over eval.npz for latency (default 1)",
+        help=f"passes over eval.npz for latency, 1 to {MAX_REPEAT} (default 1); "
+        "a run longer than 10 s prints its progress to stderr",
     )
     parser.add_argument(
         "--json",
@@ -292,7 +297,7 @@ def run(options: DemoOptions) -> int:
             text=options.text,
             dropped=dropped,
         )
-        print(f"wrote {safe(options.view)} ({'; '.join(notes)})")
+        print(f"wrote {shown(options.view)} ({'; '.join(notes)})")
     return code
 
 

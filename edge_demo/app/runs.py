@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..contract.bundle import Bundle
 from ..contract.files import write_json_atomic
-from ..errors import UsageError, safe
+from ..errors import UsageError, safe, shown
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
 from ..runtimes.probe import probe_model
@@ -75,7 +75,7 @@ def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
         else f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f}"
     )
     return (
-        f"bundle   {safe(bundle.root)} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
+        f"bundle   {shown(bundle.root)} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
         f"{what})\n"
         f"runtime  {info['name']} {info['version']} ({info['module']}), numpy {info['numpy']}, "
         f"Python {info['python']} {info['machine']}; threads {options.threads}, repeat {options.repeat}"
@@ -122,7 +122,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
                 "exit_code": code,
             },
         )
-        print(f"wrote {safe(options.json_path)}")
+        print(f"wrote {shown(options.json_path)}")
     return code
 
 
@@ -203,7 +203,7 @@ def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict)
             f"no words found in {safe(options.text, 200)!r} (token_pattern {vocab.token_pattern!r})",
             "--text",
         )
-    print(f'\ntext: "{safe(options.text, 500)}"')
+    print(f'\ntext: "{shown(options.text, 500)}"')
     notes = []
     if encoded.unknown:
         notes.append(f"unknown to the vocabulary: {', '.join(sorted(set(encoded.unknown)))}")

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..contract.bundle import Bundle
 from ..contract.files import write_bytes_atomic
-from ..errors import UsageError, safe
+from ..errors import UsageError, shown
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
 from ..runtimes.runtime import Runtime
@@ -67,8 +67,8 @@ def run_search(
     ids = _tokenize(bundle, [sentence], flag)
     pieces, _ = bundle.tokenizer.pieces(sentence)
     what = "text" if options.text is not None else f"eval sentence {options.sample}"
-    print(f'\n{what}: "{safe(sentence, 500)}"')
-    print(f"word pieces ({len(pieces)}): {' '.join(safe(p, 40) for p in pieces)}")
+    print(f'\n{what}: "{shown(sentence, 500)}"')
+    print(f"word pieces ({len(pieces)}): {' '.join(shown(p, 40) for p in pieces)}")
     errors = []
     for mode in _runnable(plan):
         try:
@@ -78,7 +78,7 @@ def run_search(
             continue
         scores = bundle.eval.probs @ vector
         best = np.argsort(-scores, kind="stable")[:TOP]
-        rows = [[f"{scores[i]:.3f}", safe(bundle.texts[i], 90)] for i in best]
+        rows = [[f"{scores[i]:.3f}", shown(bundle.texts[i], 90)] for i in best]
         print(f"\n{mode}: nearest of the {len(bundle.texts)} eval sentences")
         print(format_table(["cosine", "sentence"], rows, right={0}))
     for mode, skipped in plan.items():
@@ -122,5 +122,5 @@ def run_embed(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict
     buffer = io.BytesIO()
     np.save(buffer, vectors.astype(np.float32), allow_pickle=False)
     write_bytes_atomic(options.out, buffer.getvalue())
-    print(f"wrote {safe(options.out)}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({mode})")
+    print(f"wrote {shown(options.out)}: {vectors.shape[0]} x {vectors.shape[1]} float32 ({mode})")
     return 0

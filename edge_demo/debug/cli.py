@@ -20,7 +20,7 @@ import pathlib
 
 from ..contract.bundle import Bundle, open_bundle
 from ..contract.manifest import Manifest
-from ..errors import UsageError, safe
+from ..errors import UsageError, shown
 from ..runtimes.probe import probe_model
 from ..runtimes.runtime import RUNTIMES, select_runtime
 
@@ -110,7 +110,7 @@ def run_debug(
         probe.check_manifest(entry, bundle.path(entry.file))
     heads = _num_heads(bundle, mode)
     print(
-        f"bundle   {safe(bundle.root)}: {mode} against float32 on {what}; "
+        f"bundle   {shown(bundle.root)}: {mode} against float32 on {what}; "
         f"{runtime.name} {runtime.version} builtin kernels; heads {heads or '?'}",
         flush=True,
     )
@@ -129,7 +129,7 @@ def run_debug(
             f"the debugger cannot run it ({detail})", bundle.path(bundle.manifest.models[mode].file)
         ) from None
     where = (
-        f" (all {len(rows)} in {safe(json_path)})"
+        f" (all {len(rows)} in {shown(json_path)})"
         if json_path
         else " (--json FILE writes every row)"
     )
@@ -149,5 +149,5 @@ def run_debug(
                 "float_ops": list(floats),
             },
         )
-        print(f"wrote {safe(json_path)}")
+        print(f"wrote {shown(json_path)}")
     return 0

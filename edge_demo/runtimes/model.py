@@ -202,10 +202,13 @@ class EdgeModel:
         """Raw outputs -> float32 probabilities (dequantized if quantized)."""
         return self.output.dequantize(raw)
 
-    def run(self, prepared: np.ndarray, repeat: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def run(
+        self, prepared: np.ndarray, repeat: int = 1, progress=None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Invoke once per sample, `repeat` passes; time set_tensor + invoke + get_tensor.
 
         Returns the first pass's raw outputs `(N, C)` and every latency in ns.
+        `progress(done, repeat, seconds)` is called after each pass (None: not).
         Raises InferenceError if the runtime fails on a sample.
         """
         interpreter = self.interpreter
@@ -223,7 +226,7 @@ class EdgeModel:
         # resize (when the length changes) is timed with the sample.
         lengths = self.own_lengths(prepared) if self.dynamic_length else None
         resize = self._resize
-        i = 0
+        i, began = 0, clock()
         try:
             first = prepared[:1] if lengths is None else prepared[:1, : lengths[0]]
             if lengths is not None:
@@ -243,6 +246,8 @@ class EdgeModel:
                     latencies[r * n + i] = clock() - start
                     if r == 0:
                         outputs[i] = out[0]
+                if progress is not None:
+                    progress(r + 1, repeat, (clock() - began) / 1e9)
         except (RuntimeError, ValueError) as exc:
             raise InferenceError(f"{self.runtime.name} failed on sample {i}: {exc}") from None
         return outputs, latencies

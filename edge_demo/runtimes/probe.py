@@ -27,7 +27,7 @@ from .model import manifest_mismatch
 from .runtime import Runtime
 
 PROBE_TIMEOUT_S = 300
-_TOP_PACKAGE = __package__.split(".")[0]  # edge_demo or keras_mha_edge
+_TOP_PACKAGE = __package__.split(".")[0]  # edge_demo
 # A runtime that cannot run a valid model says one of these (an op or an op
 # version it does not have, a type a kernel does not support).
 _UNSUPPORTED = re.compile(
@@ -35,7 +35,7 @@ _UNSUPPORTED = re.compile(
     r"|builtin_code out of range|Registration failed",
     re.IGNORECASE,
 )
-# The directory holding edge_demo/ (or keras_mha_edge/): a runtime module inside
+# The directory holding edge_demo/: a runtime module inside
 # the package (".micro") must import in the child too, from a copied folder as
 # from an install. This file is edge_demo/runtimes/probe.py.
 _PACKAGE_PARENT = str(pathlib.Path(__file__).resolve().parents[2])

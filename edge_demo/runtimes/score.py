@@ -155,6 +155,25 @@ class _PeakMemory:
         return kb / 1024, math.nan
 
 
+class Progress:
+    """A long timing loop's progress on stderr: a line every `every` seconds, then
+    one at the end (after a first line, so short runs print nothing)."""
+
+    def __init__(self, mode: str, every: float = 10.0, stream=None):
+        self.mode, self.every, self.stream, self.next = mode, every, stream, every
+
+    def __call__(self, done: int, total: int, seconds: float) -> None:
+        if seconds < self.next and not (done == total and self.next > self.every):
+            return
+        self.next = seconds + self.every
+        left = seconds / done * (total - done)
+        print(
+            f"{self.mode}: pass {done} of {total}, {seconds:.0f} s, about {left:.0f} s left",
+            file=self.stream or sys.stderr,
+            flush=True,
+        )
+
+
 def run_mode(
     bundle: Bundle, mode: str, runtime: Runtime, threads: int = 1, repeat: int = 1
 ) -> ModeResult:
@@ -171,7 +190,9 @@ def run_mode(
     model = EdgeModel(runtime, content, threads, str(bundle.path(entry.file)))
     try:
         model.check_manifest(entry)
-        raw, latencies_ns = model.run(model.prepare(evaluation.x), repeat)
+        raw, latencies_ns = model.run(
+            model.prepare(evaluation.x), repeat, Progress(mode) if repeat > 1 else None
+        )
     except InferenceError as exc:
         return ModeResult(
             mode, "failed", load_ms=model.load_ms, thresholds=entry.thresholds, failures=[str(exc)]

@@ -2,7 +2,9 @@
 
 - `masks`: head masks (`head_masks`, one `(h,)` per layer), masked predictions.
 - `importance`: I_h = E|dL/d xi_h| (Michel et al., 2019), ranking, scoring splits.
-- `selection`: which heads go (greedy), the pruning curve.
+- `selection`: which heads go (greedy), the pruning curve, `check_fraction`.
+- `encoder`: the same for a label-free sentence encoder (Jacobian importance,
+  ablation, one-shot pruning with a least-squares refit) and its commands.
 - `surgery`: `prune_model`, a smaller model that equals the masked one.
 - `reconstruction`: `trace`, `refit`, `reconstruct` (least squares after pruning).
 - `finetune`: a little more training, the way the run was trained.

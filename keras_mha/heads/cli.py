@@ -50,9 +50,9 @@ from __future__ import annotations
 
 import argparse
 
+from edge_demo.errors import Parser, nonnegative_int, positive_int, run_main
 from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
 from keras_mha.quiet import import_tensorflow
-from keras_mha_edge.errors import Parser, nonnegative_int, positive_int, run_main
 
 PROG = "keras-mha-heads"
 

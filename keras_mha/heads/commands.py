@@ -15,6 +15,8 @@ import pathlib
 
 import numpy as np
 
+from edge_demo.contract.files import check_writable, sha256_file, write_json_atomic
+from edge_demo.errors import UsageError
 from keras_mha.heads import plotting
 from keras_mha.heads.finetune import finetune
 from keras_mha.heads.importance import head_importance, scoring_data
@@ -24,8 +26,6 @@ from keras_mha.heads.selection import pruning_curve, select_heads_to_prune
 from keras_mha.heads.statistics import cue_accuracy, paired_drop
 from keras_mha.heads.surgery import prune_model
 from keras_mha.rundir import RunWriter, check_out, read_run
-from keras_mha_edge.contract.files import check_writable, sha256_file, write_json_atomic
-from keras_mha_edge.errors import UsageError
 
 HEADS_DIR = "heads"
 
@@ -312,7 +312,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    """The head view page (keras_mha_edge.view.page) from the float Keras model.
+    """The head view page (edge_demo.view.page) from the float Keras model.
 
     `--sample N` (default 0): eval input N; `--text "..."`: a sentence of
     your own, for a model that reads words (an embedding run's word pieces
@@ -332,7 +332,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         data = _encoder_view(args.run_dir, sample, text)
     else:
         data = _classifier_view(args.run_dir, sample, text)
-    from keras_mha_edge.view.page import write_html
+    from edge_demo.view.page import write_html
 
     write_html(out, data)
     print(f"wrote {out}")
@@ -355,9 +355,9 @@ def _encoder_view(run_dir: str, sample: int | None, text: str | None):
     """An embedding run's page: word pieces as typed, the float encoder's attention."""
     from keras import ops
 
+    from edge_demo.view.page import ViewData, initial_query
     from keras_mha.pretrained.bert import encoder_forward
     from keras_mha.rundir.embedding import read_embedding_run
-    from keras_mha_edge.view.page import ViewData, initial_query
 
     run = read_embedding_run(run_dir)
     notes = []
@@ -400,7 +400,7 @@ def _encoder_view(run_dir: str, sample: int | None, text: str | None):
 
 def _classifier_view(run_dir: str, sample: int | None, text: str | None):
     """A trained run's page: eval input `sample`, or `text` through its vocab.json."""
-    from keras_mha_edge.view.page import ViewData, initial_query
+    from edge_demo.view.page import ViewData, initial_query
 
     run = read_run(run_dir)
     if text is not None and run.vocab is None:

@@ -92,13 +92,13 @@ import weakref
 
 import numpy as np
 
+from edge_demo.errors import UsageError
 from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.heads.masks import all_heads_on, heads_per_layer
 from keras_mha.heads.reconstruction import output_matrix, refit
-from keras_mha.heads.selection import count_heads
+from keras_mha.heads.selection import check_fraction
 from keras_mha.heads.surgery import ffn_layers
 from keras_mha.model import encoder_blocks, is_encoder
-from keras_mha_edge.errors import UsageError
 
 KINDS = ("auto", "classifier", "encoder")
 METHODS = ("jacobian", "ablation")
@@ -343,23 +343,10 @@ def spearman(a, b) -> float:
 
 
 # ------------------------------------------------------------------ selection
-def _check_fraction(fraction: float, sizes: list[int]) -> int:
-    if not 0.0 <= fraction < 1.0:
-        raise UsageError(f"--fraction must be in [0, 1); got {fraction}")
-    total = sum(sizes)
-    target = count_heads(fraction, total)
-    if target > total - len(sizes):
-        raise UsageError(
-            f"--fraction {fraction} removes {target} of {total} heads, which would leave a "
-            f"layer with no head (heads per layer: {sizes}; at most {total - len(sizes)} can go)"
-        )
-    return target
-
-
 def select_heads(scores: list[np.ndarray], fraction: float, head_masks=None) -> list:
     """One shot: the round(fraction * heads) least important heads, never a layer's last."""
     sizes = [len(s) for s in scores]
-    target = _check_fraction(fraction, sizes)
+    target = check_fraction(fraction, sizes)
     head_masks = [np.array(m, "float32") for m in (head_masks or [np.ones(n) for n in sizes])]
     return _take(scores, head_masks, [], target)
 
@@ -381,7 +368,7 @@ def select_heads_greedy(
 ) -> list[tuple[int, int]]:
     """Greedy: the importance recomputed on the masked model after every `step` heads."""
     head_masks = all_heads_on(model)
-    target = _check_fraction(fraction, [len(m) for m in head_masks])
+    target = check_fraction(fraction, [len(m) for m in head_masks])
     picked: list[tuple[int, int]] = []
     while len(picked) < target:
         scores = importance(model, ids, kind="encoder", method=method, head_masks=head_masks)
@@ -543,7 +530,7 @@ def reconstruct_encoder(
 # ---------------------------------------------------------------------- table
 def fidelity(vectors: np.ndarray, reference: np.ndarray) -> dict:
     """Mean / min cosine and top-1 / top-5 neighbour agreement (`measure_embeddings`)."""
-    from keras_mha_edge.contract.parity import measure_embeddings
+    from edge_demo.contract.parity import measure_embeddings
 
     p = measure_embeddings(vectors, reference)
     return {
@@ -714,8 +701,8 @@ def _plot(rows: list[dict], path: pathlib.Path, removed=()) -> None:
 
 def cmd_importance_embedding(args: argparse.Namespace) -> int:
     """`keras-mha-heads importance RUN` for an embedding run: RUN/heads/importance.json."""
+    from edge_demo.contract.files import check_writable, write_json_atomic
     from keras_mha.rundir.embedding import read_embedding_run
-    from keras_mha_edge.contract.files import check_writable, write_json_atomic
 
     out = pathlib.Path(args.run_dir) / "heads"
     check_writable(out / "importance.json", "RUN_DIR")
@@ -757,9 +744,9 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
     removal, refit on the calibration sentences unless `--no-reconstruct`;
     `--finetune-epochs` is refused (no labels, no training loss).
     """
+    from edge_demo.contract.files import check_writable
     from keras_mha.rundir.embedding import read_embedding_run
     from keras_mha.rundir.writing import check_out
-    from keras_mha_edge.contract.files import check_writable
 
     if not 0.0 <= args.fraction < 1.0:
         raise UsageError(f"--fraction must be in [0, 1); got {args.fraction}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from edge_demo.errors import UsageError
 from keras_mha.heads.masks import all_heads_on
-from keras_mha_edge.errors import UsageError
 
 SPLITS = ("train", "validation")
 
@@ -24,7 +24,7 @@ def scoring_data(dataset, split: str) -> tuple[np.ndarray, np.ndarray]:
         return dataset.x_val, dataset.y_val
     if split == "train":
         return dataset.x_train, dataset.y_train
-    raise UsageError(f"--split must be one of {', '.join(SPLITS)}; got {split!r}")
+    raise UsageError(f"split must be one of {', '.join(SPLITS)}; got {split!r}")
 
 
 def head_importance(

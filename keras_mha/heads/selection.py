@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from edge_demo.errors import UsageError
 from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.heads.masks import accuracy, all_heads_on, as_removal
 from keras_mha.heads.reconstruction import reconstruct, trace
 from keras_mha.heads.surgery import prune_model
-from keras_mha_edge.errors import UsageError
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig
@@ -27,6 +27,22 @@ def _next_head(scores, head_masks) -> tuple[int, int] | None:
     return candidates[0] if candidates else None
 
 
+def check_fraction(fraction: float, sizes: list[int]) -> int:
+    """How many heads `fraction` of them is (round(fraction * heads)), for layers of
+    `sizes` heads; ValueError if it is not in [0, 1) or would empty a layer."""
+    if not 0.0 <= fraction < 1.0:
+        raise UsageError(f"the fraction of heads to remove must be in [0, 1); got {fraction}")
+    total = sum(sizes)
+    target = count_heads(fraction, total)
+    if target > total - len(sizes):
+        raise UsageError(
+            f"removing a fraction of {fraction} is {target} of {total} heads, which would leave "
+            f"a layer with no head (heads per layer: {list(sizes)}; at most "
+            f"{total - len(sizes)} can go)"
+        )
+    return target
+
+
 def select_heads_to_prune(model, x_score, y_score, fraction: float) -> list[tuple[int, int]]:
     """The greedy selection of `pruning_curve`, up to round(fraction * heads).
 
@@ -34,17 +50,8 @@ def select_heads_to_prune(model, x_score, y_score, fraction: float) -> list[tupl
     a candidate, so a fraction is refused only if it needs more heads than
     every layer but one head each.
     """
-    if not 0.0 <= fraction < 1.0:
-        raise UsageError(f"--fraction must be in [0, 1); got {fraction}")
     head_masks = all_heads_on(model)
-    total = sum(len(m) for m in head_masks)
-    target = count_heads(fraction, total)
-    if target > total - len(head_masks):
-        raise UsageError(
-            f"--fraction {fraction} removes {target} of {total} heads, which would leave a "
-            f"layer with no head (heads per layer: {[len(m) for m in head_masks]}; at most "
-            f"{total - len(head_masks)} can go)"
-        )
+    target = check_fraction(fraction, [len(m) for m in head_masks])
     pruned: list[tuple[int, int]] = []
     while len(pruned) < target:
         layer, head = _next_head(head_importance(model, x_score, y_score, head_masks), head_masks)

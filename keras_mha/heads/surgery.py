@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from keras_mha_edge.errors import UsageError
+from edge_demo.errors import UsageError
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig

@@ -32,9 +32,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from edge_demo.errors import UsageError
 from keras_mha.layers import BertEmbeddings, L2Normalize, MaskedMeanPooling, TransformerEncoderBlock
 from keras_mha.pretrained.config import BertConfig
-from keras_mha_edge.errors import UsageError
 
 
 def build_encoder(

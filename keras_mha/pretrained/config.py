@@ -11,7 +11,7 @@ import json
 import pathlib
 from typing import Any
 
-from keras_mha_edge.errors import UsageError, safe
+from edge_demo.errors import UsageError, safe
 
 MODEL_TYPES = ("bert",)
 # Hugging Face's activation names and ours (TransformerEncoderBlock).

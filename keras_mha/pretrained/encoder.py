@@ -7,10 +7,10 @@ import pathlib
 
 import numpy as np
 
+from edge_demo.contract.wordpiece import WordPiece
 from keras_mha.pretrained.bert import build_encoder, load_weights
 from keras_mha.pretrained.checkpoint import Checkpoint, resolve
 from keras_mha.pretrained.config import BertConfig
-from keras_mha_edge.contract.wordpiece import WordPiece
 
 DEFAULT_MAX_LENGTH = 128
 
@@ -70,7 +70,7 @@ def load(
 ) -> Encoder:
     """A pretrained encoder from a known name or a checkpoint directory (never downloaded).
 
-    Raises `keras_mha_edge.errors.UsageError` (a ValueError), one line, for a
+    Raises `edge_demo.errors.UsageError` (a ValueError), one line, for a
     missing file, a checksum mismatch or a configuration the encoder cannot
     honour.
     """

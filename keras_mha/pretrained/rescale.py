@@ -1,7 +1,8 @@
 """Rescaling an encoder's residual stream for int8: the same function, smaller outliers.
 
-    python -m keras_mha.pretrained.rescale RUN_DIR --out RESCALED_RUN [--alpha 0.5]
-                                           [--ffn-ratio 4] [--overwrite]
+    keras-mha-rescale RUN_DIR --out RESCALED_RUN [--alpha 0.75] [--ffn-ratio 4] [--overwrite]
+
+(the command: keras_mha/pretrained/cli.py, `rescale_main`).
 
 A post-LN BERT carries a few huge channels in its residual stream: in
 all-MiniLM-L6-v2 the sums that feed the FFN LayerNorms reach |x| = 224 on
@@ -38,16 +39,13 @@ it), 0.5 splits it (SmoothQuant's default).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import pathlib
 
 import numpy as np
 
-from keras_mha_edge.contract.arrays import own_lengths
-from keras_mha_edge.errors import Parser, UsageError, run_main
+from edge_demo.contract.arrays import own_lengths
 
-PROG = "python -m keras_mha.pretrained.rescale"
 DEFAULT_ALPHA = 0.75
 DEFAULT_FFN_RATIO = 4.0
 
@@ -295,44 +293,3 @@ def rescale_run(
         log(f"  {old.name}: reads max {old.inputs.max():.1f} -> {new.inputs.max():.1f}")
     log(f"{out}: rescaled (alpha {alpha}); float vectors within {gap:.1e} of {run_dir}'s")
     return written
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1])
-    parser.add_argument("run_dir", help="an embedding run (keras-mha-import)")
-    parser.add_argument("--out", type=pathlib.Path, required=True, help="the new run directory")
-    parser.add_argument(
-        "--alpha",
-        type=float,
-        default=DEFAULT_ALPHA,
-        help=f"migration strength in [0, 1] (default {DEFAULT_ALPHA})",
-    )
-    parser.add_argument(
-        "--ffn-ratio",
-        type=float,
-        default=DEFAULT_FFN_RATIO,
-        help="FFN hidden units above this x the median unit's maximum get their own Dense "
-        f"pair; 0 for none (default {DEFAULT_FFN_RATIO})",
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    def body() -> int:
-        args = build_parser().parse_args(argv)
-        from keras_mha.quiet import import_tensorflow
-        from keras_mha.rundir.writing import check_out
-
-        if not 0.0 <= args.alpha <= 1.0:
-            raise UsageError(f"must be in [0, 1]; got {args.alpha}", "--alpha")
-        check_out(args.out, args.overwrite)
-        import_tensorflow()
-        rescale_run(args.run_dir, args.out, args.alpha, args.ffn_ratio, args.overwrite)
-        return 0
-
-    return run_main(PROG, body)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -12,7 +12,7 @@ place, so a run that fails (or is interrupted) leaves nothing half-written.
 
 Every problem is a `UsageError` (a `ValueError`) with one line naming the
 file, the array or field, and what is wrong. The array checks the device
-makes too (probabilities, finite inputs) are `keras_mha_edge.contract.arrays`'s.
+makes too (probabilities, finite inputs) are `edge_demo.contract.arrays`'s.
 """
 
 from keras_mha.rundir.checks import (

@@ -1,7 +1,7 @@
 """What a run directory's contents must satisfy, each check one line naming file and array.
 
 Array checks the device makes too (probabilities, finite inputs) are
-`keras_mha_edge.contract.arrays`'s; these add what only the run knows: its model
+`edge_demo.contract.arrays`'s; these add what only the run knows: its model
 configuration (classes, input shape and dtype, vocabulary size, heads).
 """
 
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from keras_mha_edge.contract import arrays
-from keras_mha_edge.contract.bundle import parse_labels
-from keras_mha_edge.contract.fields import parse_json
-from keras_mha_edge.errors import UsageError, one_line
+from edge_demo.contract import arrays
+from edge_demo.contract.bundle import parse_labels
+from edge_demo.contract.fields import parse_json
+from edge_demo.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras
@@ -63,7 +63,7 @@ class EvalSet:
 def check_eval(ev: EvalSet, where: str | os.PathLike = "eval.npz") -> None:
     """`probs` are probabilities for `x`'s examples, `y` labels among them.
 
-    The device's own check (`keras_mha_edge.contract.arrays.check_eval`), plus the
+    The device's own check (`edge_demo.contract.arrays.check_eval`), plus the
     per-example arrays of text datasets.
     """
     arrays.check_eval(ev.x, ev.y, ev.probs, where)

@@ -28,13 +28,13 @@ import shutil
 
 import numpy as np
 
+from edge_demo.contract import arrays
+from edge_demo.contract.arrays import EvalData, check_embedding_eval
+from edge_demo.contract.bundle import parse_texts, texts_json
+from edge_demo.contract.files import staging_dir, swap_into_place
+from edge_demo.contract.wordpiece import WordPiece
+from edge_demo.errors import UsageError
 from keras_mha.rundir.writing import check_out
-from keras_mha_edge.contract import arrays
-from keras_mha_edge.contract.arrays import EvalData, check_embedding_eval
-from keras_mha_edge.contract.bundle import parse_texts, texts_json
-from keras_mha_edge.contract.files import staging_dir, swap_into_place
-from keras_mha_edge.contract.wordpiece import WordPiece
-from keras_mha_edge.errors import UsageError
 
 TASK = "embedding"
 FILES = (
@@ -55,6 +55,17 @@ def task_of(run: pathlib.Path) -> str:
         return "classification"
     task = metrics.get("task") if isinstance(metrics, dict) else None
     return task if isinstance(task, str) else "classification"
+
+
+def check_embedding_run(run: str | os.PathLike, classifier_hint: str) -> None:
+    """Before anything heavy is imported: `run` must be an embedding run directory
+    (metrics.json with task "embedding"); a UsageError naming it otherwise, with
+    `classifier_hint` (what a classification run takes instead) for one."""
+    run = pathlib.Path(run)
+    if not (run / "metrics.json").is_file():
+        raise UsageError("not a run directory (no metrics.json)", run)
+    if task_of(run) != "embedding":
+        raise UsageError(f"a classification run; {classifier_hint}", run)
 
 
 @dataclasses.dataclass

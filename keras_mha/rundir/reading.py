@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_demo.contract import arrays
+from edge_demo.contract.vocab import Vocab
+from edge_demo.errors import UsageError, one_line
 from keras_mha.rundir.checks import (
     EvalSet,
     check_eval,
@@ -20,9 +23,6 @@ from keras_mha.rundir.checks import (
     input_spec,
     model_config,
 )
-from keras_mha_edge.contract import arrays
-from keras_mha_edge.contract.vocab import Vocab
-from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras

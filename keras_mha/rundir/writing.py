@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_demo.contract.files import staging_dir, swap_into_place
+from edge_demo.errors import UsageError, one_line
 from keras_mha.rundir.checks import EvalSet, check_model, model_config
 from keras_mha.rundir.reading import Run, validate
-from keras_mha_edge.contract.files import staging_dir, swap_into_place
-from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     import keras

@@ -19,10 +19,10 @@ import argparse
 import pathlib
 import sys
 
+from edge_demo.contract.files import check_writable
+from edge_demo.errors import Parser, nonnegative_int, positive_int, run_main
 from keras_mha.quiet import import_tensorflow
 from keras_mha.train.presets import DISTRIBUTE, describe_presets
-from keras_mha_edge.contract.files import check_writable
-from keras_mha_edge.errors import Parser, nonnegative_int, positive_int, run_main
 
 PROG = "keras-mha-train"
 DATASETS = ("digits", "pronouns")

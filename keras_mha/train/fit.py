@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_demo.errors import UsageError, one_line
 from keras_mha.train.augment import shift_augment
 from keras_mha.train.determinism import op_determinism
 from keras_mha.train.presets import TrainSettings  # noqa: TC001
-from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     from keras_mha import data as datasets

@@ -13,7 +13,7 @@ import os
 import pathlib
 from typing import TYPE_CHECKING
 
-from keras_mha_edge.errors import UsageError
+from edge_demo.errors import UsageError
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from edge_demo.errors import UsageError, one_line
 from keras_mha import data as datasets
 from keras_mha.train.presets import DISTRIBUTE, PRESETS, TrainSettings, dataset_shape
-from keras_mha_edge.errors import UsageError, one_line
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig

@@ -15,8 +15,9 @@ an address-space limit, and classifies the outcome:
     timeout                   no answer within --timeout s          (a finding)
     traceback                 "Traceback" on stderr                 (a finding)
     multi-line                an error of more than one line        (a finding)
-    corrupt-passed            exit 0 with a mode skipped that the manifest says
-                              this runtime ran                      (a finding)
+    corrupt-passed            exit 0 with a mutated model's mode skipped because
+                              the runtime refused it, not because the
+                              manifest says this runtime cannot run it (a finding)
     memory                    peak RSS over --memory-mb             (a finding)
 
 Findings are written to tests/fuzz/regressions/ as JSON recipes (replayed
@@ -127,11 +128,24 @@ def classify(outcome: dict, recipe: dict, memory_mb: int, peak_before: float) ->
         len(stderr_lines) != 1 or not stderr_lines[0].startswith(f"{PROG}: error: ")
     ):
         return "multi-line"
-    if outcome["code"] == 0 and "skipped" in outcome["stdout"] and recipe["kind"] == "tflite":
+    if outcome["code"] == 0 and recipe["kind"] == "tflite" and probe_skips(outcome["stdout"]):
         return "corrupt-passed"
     return {0: "ok-0", 1: "fail-1", 2: "usage-2", 130: "interrupted"}.get(
         outcome["code"], f"exit-{outcome['code']}"
     )
+
+
+def probe_skips(stdout: str) -> list[str]:
+    """The modes skipped because the runtime refused the model. A mode the manifest
+    says this runtime cannot run (tflite-runtime: dynamic range, a text model's
+    int8) is skipped unread, as designed; only a refused model can hide a
+    corrupted one behind exit 0."""
+    found = []
+    for line in stdout.splitlines():
+        mode, sep, reason = line.partition(": skipped: ")
+        if sep and not reason.startswith("manifest.json says "):
+            found.append(mode.strip())
+    return found
 
 
 def names_file(outcome: dict, recipe: dict) -> bool | None:

@@ -188,28 +188,44 @@ def _npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _npz_member(kind: str) -> bytes:
+def _npz_member(kind: str, original: bytes, member: str | None = None) -> bytes:
+    """The archive `original` with one real member (`member`, default its first)
+    replaced by a hostile payload, the others kept: so the app refuses the
+    payload itself, not a member name it does not know."""
+    with zipfile.ZipFile(io.BytesIO(original)) as archive:
+        kept = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    names = [name for name, _ in kept]
+    if member is not None and f"{member}.npy" not in names:
+        raise ValueError(f"no member {member!r} in the archive (it has {names})")
+    target = names[0] if member is None else f"{member}.npy"
+    if kind == "not-npy":
+        payload = b"hello, not an array"
+    elif kind == "bad-deflate":
+        payload = _npy(np.arange(4096, dtype=np.float32))
+    elif kind == "bomb":  # a valid header, then 64 MiB of zeros: ~64 KiB deflated
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "<f4", "fortran_order": False, "shape": (16 * 1024 * 1024,)}
+        )
+        payload = header.getvalue() + bytes(64 * 1024 * 1024)
+    elif kind == "shape":
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "<f4", "fortran_order": False, "shape": (10**6, 10**6)}
+        )
+        payload = header.getvalue() + b"\0" * 64
+    else:
+        raise ValueError(f"unknown npz payload {kind!r}")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        if kind == "not-npy":
-            archive.writestr("x.npy", b"hello, not an array")
-            archive.writestr("notes.txt", b"plain text")
-        elif kind == "bad-deflate":
-            archive.writestr("x.npy", _npy(np.arange(4096, dtype=np.float32)))
-        elif kind == "bomb":
-            archive.writestr("x.npy", b"\0" * (64 * 1024 * 1024))
-        elif kind == "shape":
-            header = io.BytesIO()
-            np.lib.format.write_array_header_1_0(
-                header, {"descr": "<f4", "fortran_order": False, "shape": (10**6, 10**6)}
-            )
-            archive.writestr("x.npy", header.getvalue() + b"\0" * 64)
+        for name, data in kept:
+            archive.writestr(name, payload if name == target else data)
     data = bytearray(buffer.getvalue())
-    if kind == "bad-deflate":
+    if kind == "bad-deflate":  # flip 40 bytes inside that member's deflate stream
         with zipfile.ZipFile(io.BytesIO(bytes(data))) as archive:
-            info = archive.infolist()[0]
+            info = archive.getinfo(target)
         start = info.header_offset + 30 + len(info.filename) + len(info.extra)
-        for i in range(start, min(start + 40, len(data))):
+        for i in range(start, min(start + 40, start + info.compress_size)):
             data[i] ^= 0xFF
     return bytes(data)
 
@@ -248,7 +264,7 @@ def apply(bundle: pathlib.Path, recipe: dict) -> None:
         struct.pack_into(fmt, data, site["offset"], value)
         path.write_bytes(bytes(data))
     elif kind == "npz":
-        path.write_bytes(_npz_member(recipe["payload"]))
+        path.write_bytes(_npz_member(recipe["payload"], path.read_bytes(), recipe.get("member")))
     else:
         raise ValueError(f"unknown recipe kind {kind!r}")
     if recipe.get("fix_sha", True) and name != "manifest.json" and path.exists():
@@ -338,10 +354,13 @@ def random_recipe(bundle: pathlib.Path, rng: random.Random) -> dict:
             "what": sites[site]["what"],
         }
     if roll < 0.85:
-        name = rng.choice(["eval.npz", "attention.npz"])
+        name = rng.choice([n for n in ("eval.npz", "attention.npz") if (bundle / n).is_file()])
+        with zipfile.ZipFile(bundle / name) as archive:
+            members = [n.removesuffix(".npy") for n in archive.namelist()]
         return {
             "kind": "npz",
             "file": name,
+            "member": rng.choice(members),
             "payload": rng.choice(["not-npy", "bomb", "bad-deflate", "shape"]),
         }
     name = rng.choice(models + ["eval.npz", "attention.npz", "labels.json", "vocab.json"])
