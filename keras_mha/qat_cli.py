@@ -10,7 +10,7 @@ import argparse
 import pathlib
 
 from edge_demo.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
-from keras_mha.qat_train import DEFAULTS  # numpy only: --help imports no TensorFlow
+from keras_mha.qat_train import DEFAULTS, distill_encoder  # numpy only: no TensorFlow
 from keras_mha.quiet import import_tensorflow
 
 PROG = "keras-mha-qat"
@@ -49,8 +49,6 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"must be in (0, 1); got {args.learning_rate}", "--learning-rate")
         check_out(args.out, args.overwrite)
         import_tensorflow()
-        from keras_mha.qat_train import distill_encoder
-
         distill_encoder(
             args.run_dir,
             args.out,

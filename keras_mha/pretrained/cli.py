@@ -166,9 +166,7 @@ def rescale_main(argv: list[str] | None = None) -> int:
         check_embedding_run(args.run_dir, "only an encoder's residual stream is rescaled")
         check_out(args.out, args.overwrite)
         import_tensorflow()
-        from keras_mha.pretrained.rescale import rescale_run
-
-        rescale_run(args.run_dir, args.out, args.alpha, args.ffn_ratio, args.overwrite)
+        rescale.rescale_run(args.run_dir, args.out, args.alpha, args.ffn_ratio, args.overwrite)
         return 0
 
     return run_main(RESCALE_PROG, body)
