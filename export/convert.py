@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pathlib
 import re
 import types
 from typing import TYPE_CHECKING
@@ -112,6 +113,41 @@ def write_attention_saved_model(model: keras.Model, directory: str | os.PathLike
     from keras_mha.model import attention_model
 
     write_saved_model(attention_model(model, batch_size=1), directory)
+
+
+def saved_models(
+    model: keras.Model, scratch: pathlib.Path, view: bool, ranges: dict | None = None
+) -> tuple[pathlib.Path, pathlib.Path | None]:
+    """The SavedModels a mode converts: the model's and, with `view`, its attention's.
+
+    With `ranges` (keras_mha.qat's ranges.json) every quantization point rounds
+    to its range (FakeQuant ops, which the converter takes as the tensors' int8
+    ranges) while they are traced."""
+    suffix = "" if ranges is None else "_ranges"
+    model_dir = scratch / f"saved_model{suffix}"
+    view_dir = scratch / f"attention_saved_model{suffix}" if view else None
+    if ranges is not None:
+        from keras_mha import qat
+
+        qat.attach(model, ranges)
+    try:
+        write_saved_model(model, model_dir)
+        if view_dir is not None:
+            write_attention_saved_model(model, view_dir)
+    finally:
+        if ranges is not None:
+            qat.detach(model)
+    return model_dir, view_dir
+
+
+def attention_weights(model: keras.Model, x: np.ndarray) -> list[np.ndarray]:
+    """The float Keras model's attention weights on `x`, float32, one array a layer
+    (`keras_mha.model.attention_model`: dropout off)."""
+    from edge_demo.contract.attention import output_name
+    from keras_mha.model import attention_model
+
+    outputs = attention_model(model, batch_size=None).predict(x, batch_size=64, verbose=0)
+    return [np.asarray(outputs[output_name(i)], np.float32) for i in range(len(outputs))]
 
 
 def _one_line(error: BaseException, captured: list[str]) -> str:

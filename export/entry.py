@@ -20,7 +20,7 @@ from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_
 from edge_demo.contract.attention_parity import AttentionThresholds
 from edge_demo.contract.bundle import add_file
 from edge_demo.contract.entries import ModeFailure, ModelEntry, Signature
-from edge_demo.contract.parity import default_thresholds
+from edge_demo.contract.tasks import DEFAULT, Task
 from edge_demo.contract.tensors import TensorSpec
 from edge_demo.runtimes.score import ModeResult
 
@@ -35,14 +35,14 @@ def convert_mode(
     attention_saved_model: pathlib.Path | None = None,
     *,
     eval_samples: int,
-    task: str = "classification",
+    task: Task = DEFAULT,
     sequence_length: int | None = None,
     attention_thresholds: AttentionThresholds | None = None,
 ) -> tuple[ModelEntry | None, list[str]]:
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
 
     The entry's thresholds are the mode's defaults for `eval_samples`
-    (`edge_demo.contract.parity.default_thresholds`), its attention's
+    (`Task.thresholds`: a classifier's by default), its attention's
     `attention_thresholds` (default: the mode's, `DEFAULT_THRESHOLDS`).
 
     With `attention_saved_model` the model also has the attention signature
@@ -113,7 +113,7 @@ def convert_mode(
         bytes=len(model),
         input=model_input,
         output=spec(graph.outputs[0]),
-        thresholds=default_thresholds(mode, eval_samples, task),
+        thresholds=task.thresholds(mode, eval_samples),
         dynamic_length=dynamic,
         runtimes={"tflite-runtime": tflite_runtime_214_can_load(graph)},
         ops=op_histogram(graph),

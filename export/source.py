@@ -22,7 +22,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_demo.contract.arrays import EvalData, read_npz
-from edge_demo.contract.bundle import check_text_inputs
+from edge_demo.contract.attention import CorefHead
+from edge_demo.contract.bundle import check_text_inputs, labels_json
+from edge_demo.contract.tasks import Task
+from edge_demo.contract.tasks import get as get_task
+from edge_demo.contract.tasks.classification import Classification
 from edge_demo.contract.vocab import Vocab
 from edge_demo.errors import UsageError, one_line
 
@@ -55,20 +59,26 @@ class Source:
     model: Any  # keras.Model
     calibration: np.ndarray  # (M, ...) model inputs
     eval: EvalData
-    labels: list[str]
+    task: Task  # what the model is for (edge_demo.contract.tasks)
+    # The task's own files: Manifest field -> (file name, bytes) (labels.json;
+    # an embedding run's texts.json and tokenizer.json).
+    own_files: dict[str, tuple[str, bytes]]
     vocab: Vocab | None
     dataset: str | None
-    # An embedding run (keras_mha.rundir.embedding): its sentences and tokenizer.
-    task: str = "classification"
-    texts: tuple[str, ...] = ()
-    tokenizer_bytes: bytes | None = None
-    max_length: int | None = None
+    max_length: int | None = None  # the tokenizer's longest input (an embedding run)
     # ranges.json (keras_mha.qat): int8 ranges the int8 conversion takes as given.
     ranges: dict | None = None
+    # The best coreference head (a run's heads/coref.json, keras-mha-heads coref),
+    # or why there is none for this model.
+    coref_head: CorefHead | None = None
+    coref_note: str | None = None
 
     @property
-    def embedding(self) -> bool:
-        return self.task == "embedding"
+    def has_blocks(self) -> bool:
+        """Whether the model has keras_mha blocks, whose attention weights a bundle shows."""
+        from keras_mha.layers import TransformerEncoderBlock
+
+        return any(isinstance(layer, TransformerEncoderBlock) for layer in self.model.layers)
 
     @property
     def num_classes(self) -> int:
@@ -163,22 +173,20 @@ def _vocab_size(model: keras.Model) -> int | None:
 
 
 def load_run_dir(run_dir: pathlib.Path) -> Source:
-    """A run directory, through `keras_mha.rundir` (which validates every file)."""
+    """A run directory, read by its task's reader (`keras_mha.rundir.tasks.read_any`),
+    which validates every file."""
     from keras_mha.quiet import captured_output
 
     from .convert import import_tensorflow
 
     import_tensorflow()
-    from keras_mha.rundir import read_run
-    from keras_mha.rundir.embedding import task_of
+    from keras_mha.rundir.tasks import read_any
 
-    if task_of(run_dir) == "embedding":
-        return _with_ranges(_load_embedding_run(run_dir), run_dir)
-    run = read_run(run_dir)  # UsageError, one line, for any file that is not right
+    run = read_any(run_dir)  # UsageError, one line, for any file that is not right
     with captured_output():
         model = run.load_model()
-    check_model_io(model, run.model_file, run.eval.num_classes)
-    ev = EvalData(run.eval.x, run.eval.y.astype(np.int64), run.eval.probs)
+    ev = run.eval_data
+    check_model_io(model, run.model_file, ev.num_classes)
     vocab = (
         None if run.vocab is None else Vocab.from_json(run.vocab.to_json(), run_dir / "vocab.json")
     )
@@ -189,11 +197,26 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
         model=model,
         calibration=run.calibration,
         eval=ev,
-        labels=list(run.labels),
+        task=run.task,
+        own_files=run.bundle_files(),
         vocab=vocab,
         dataset=run.dataset,
+        max_length=run.max_length,
     )
-    return _with_ranges(source, run_dir)
+    return _with_coref(_with_ranges(source, run_dir), run_dir)
+
+
+def _with_coref(source: Source, run_dir: pathlib.Path) -> Source:
+    """RUN_DIR/heads/coref.json's best head (keras-mha-heads coref), if it is this model's."""
+    if not source.has_blocks:
+        return source
+    from keras_mha.heads.coref import read_best_head
+    from keras_mha.heads.masks import heads_per_layer
+
+    source.coref_head, source.coref_note = read_best_head(
+        run_dir, heads_per_layer(source.model), source.files["model"]
+    )
+    return source
 
 
 def _with_ranges(source: Source, run_dir: pathlib.Path) -> Source:
@@ -217,30 +240,6 @@ def _with_ranges(source: Source, run_dir: pathlib.Path) -> Source:
             path,
         )
     return source
-
-
-def _load_embedding_run(run_dir: pathlib.Path) -> Source:
-    """An embedding run (keras-mha-import), through `keras_mha.rundir.embedding`."""
-    from keras_mha.quiet import captured_output
-    from keras_mha.rundir.embedding import read_embedding_run
-
-    run = read_embedding_run(run_dir)
-    with captured_output():
-        model = run.load_model()
-    check_model_io(model, run.model_file, run.eval.num_classes)
-    return Source(
-        files={k: v for k, v in run_files(run_dir).items() if v.exists()},
-        model=model,
-        calibration=run.calibration,
-        eval=run.eval,
-        labels=[],
-        vocab=None,
-        dataset=run.dataset,
-        task="embedding",
-        texts=run.texts,
-        tokenizer_bytes=(run_dir / "tokenizer.json").read_bytes(),
-        max_length=run.max_length,
-    )
 
 
 def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Source:
@@ -278,7 +277,9 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
     if vocab is not None:
         check_text_inputs(vocab, arrays["x"], paths.vocab)
     ev = EvalData(arrays["x"], arrays["y"].astype(np.int64), arrays["probs"].astype(np.float32))
-    return Source(files, model, calibration, ev, labels, vocab, dataset=None)
+    task = get_task(Classification.name)  # explicit files: a classifier's
+    own = {"labels": ("labels.json", labels_json(labels))}
+    return Source(files, model, calibration, ev, task, own, vocab, dataset=None)
 
 
 def load_source(

@@ -7,20 +7,14 @@ import math
 from edge_demo.contract.attention_parity import share_cell
 from edge_demo.contract.entries import ModelEntry
 from edge_demo.contract.manifest import Manifest
+from edge_demo.contract.tasks import Task
 
 
-def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
-    """One mode after verification: size, ops, figures, verdict."""
+def mode_line(entry: ModelEntry, task: Task, float_accuracy: float | None) -> str:
+    """One mode after verification: size, ops, the task's figures, attention, verdict."""
     status = "verified" if entry.verified else "FAILED  " + "; ".join(entry.failures)
     if entry.parity is None:
         return f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  {status}"
-    figures = entry.parity
-    if not math.isnan(figures.mean_cosine):  # an embedding model
-        return (
-            f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
-            f"cosine min {figures.min_cosine:.6f} mean {figures.mean_cosine:.6f}  "
-            f"top-1 {figures.top1:.3f} top-5 {figures.top5:.3f}  {status}"
-        )
     attention = ""
     if entry.attention is not None and entry.attention.parity is not None:
         a = entry.attention.parity
@@ -28,8 +22,7 @@ def mode_line(entry: ModelEntry, float_accuracy: float) -> str:
         attention = f"  attn max|Δ| {a.max_abs_diff:.2g}{tail} agree {a.argmax_agreement:.4f}"
     return (
         f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  "
-        f"agreement {figures.agreement:.4f}  accuracy {figures.accuracy:.4f} "
-        f"(float {float_accuracy:.4f})  max|Δ| {figures.max_abs_diff:.2g}{attention}  {status}"
+        f"{task.figures(entry.parity, float_accuracy)}{attention}  {status}"
     )
 
 
@@ -43,9 +36,10 @@ def _attention_cells(entry) -> tuple[str, str, str]:
 
 
 def summary_table(manifest: Manifest) -> str:
-    """Mode, bytes, size vs float32, ops, agreement, accuracy, max |Δ|, attention, verified."""
+    """Mode, bytes, size vs float32, ops, the task's figures, attention, verified."""
+    task = manifest.task
     header = (
-        "mode", "bytes", "vs float32", "ops", "agreement", "accuracy", "max|Δ|",
+        "mode", "bytes", "vs float32", "ops", *(c.header for c in task.summary),
         "attn max|Δ|", "attn tail", "attn agree", "verified",
     )  # fmt: skip
     rows = [header]
@@ -56,7 +50,7 @@ def summary_table(manifest: Manifest) -> str:
         entry = models.get(mode) or failed.get(mode)
         figures = None if entry is None else entry.parity
         if entry is None or figures is None:
-            rows.append((mode, *["-"] * 9, "no: " + _why(manifest, mode)))
+            rows.append((mode, *["-"] * (len(header) - 2), "no: " + _why(manifest, mode)))
             continue
         ops = sum(entry.ops.values())
         rows.append(
@@ -65,11 +59,7 @@ def summary_table(manifest: Manifest) -> str:
                 f"{entry.bytes:,}",
                 f"{entry.bytes / float32_bytes:.2f}x" if float32_bytes else "-",
                 str(ops),
-                f"{figures.agreement:.4f}",
-                f"{figures.accuracy:.4f}"
-                if not math.isnan(figures.accuracy)
-                else f"cos {figures.min_cosine:.4f}",
-                f"{figures.max_abs_diff:.2g}",
+                *(format(getattr(figures, c.field), c.fmt) for c in task.summary),
                 *_attention_cells(entry),
                 "yes" if mode in manifest.verified else "NO",
             )

@@ -1,5 +1,21 @@
 """keras-mha: multi-head attention as the lesson writes it, ready for the edge.
 
+Rooms (imports flow from the layer up; the layer imports nothing of the
+device side, tests/test_import_graph.py):
+
+    attention.py          the layer: the lesson (`_per_head_attention`), the fused path
+    attention_args.py     its argument checks; attention_masks.py masks, axes, inputs;
+    attention_weights.py  per-head weights, pruning, Keras's layer to and fro
+    layers.py             LayerNorm, positional encoding, the encoder block, poolings
+    qat.py                quantization points and ranges (quantization-aware training)
+    model.py              the classifier, `forward`, `attention_model`
+    data.py, train/       the datasets and keras-mha-train
+    rundir/               the run directory and its tasks' readers
+    heads/                head analysis (keras-mha-heads)
+    pretrained/           checkpoints through the layer (keras-mha-import, keras-mha-rescale)
+    qat_train.py, qat_cli.py   an encoder distilled with rounding (keras-mha-qat)
+    plots.py, quiet.py    figures; TensorFlow imported without its noise
+
 The names below load on first use (PEP 562), so that `python -m
 keras_mha.train --help` answers without importing Keras and TensorFlow, and
 importing the package changes nothing in the process (its environment

@@ -16,9 +16,10 @@ shapes, config, and the per-head accessors (`head_weights`, `pruned`,
 `concat_heads`, `from_keras`, `to_keras`). The weights sit in Keras
 `EinsumDense` sublayers laid out exactly as in
 `keras.layers.MultiHeadAttention`, with the head axis kept: W_i^Q is
-`query_kernel[:, i, :]` (docs/layer.md says why). Helpers of explicit
-arguments sit beside it: attention_masks.py (masks, axes, input
-resolution), attention_weights.py (weight slicing, copying, 0.1 files).
+`query_kernel[:, i, :]` (docs/layer.md says why, and lists every argument).
+Helpers sit beside it: attention_args.py (arguments, input sizes),
+attention_masks.py (masks, axes, input resolution), attention_weights.py
+(weight slicing and copying, the per-head accessors' work, 0.1 files).
 """
 
 from __future__ import annotations
@@ -30,38 +31,35 @@ import numpy as np
 from keras import constraints, initializers, ops, regularizers
 
 from keras_mha import attention_weights as weights_io
+from keras_mha.attention_args import (
+    IMPLEMENTATIONS,
+    attention_axes_arg,
+    check_constructor_args,
+    check_key_value,
+    output_shape_arg,
+    resolve_dims,
+)
 from keras_mha.attention_masks import (
     AttentionAxes,
     InputMasks,
     causal_mask,
     check_input_masks,
-    get_keras_mask,
     head_mask_tensor,
     inverse_sqrt,
     mask_for_head,
+    plain_inputs,
     projection_equation,
     resolve_inputs,
     set_keras_mask,
     sliding_window_mask,
 )
+from keras_mha.attention_weights import PROJECTIONS, bias_of, kernel_of
 from keras_mha.qat import HOOK, point
 
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
 
-IMPLEMENTATIONS = ("fused", "per_head")
-
 # Masked scores sit this far below the row's smallest score (see _masked_softmax).
 _MASK_MARGIN = 16.0
-
-# The projections' public names (private ones: a leading "_"), in Keras's
-# order, and their sublayer names.
-_PROJECTIONS = (
-    ("query_dense", "query"),
-    ("key_dense", "key"),
-    ("gate_dense", "gate"),
-    ("value_dense", "value"),
-    ("output_dense", "attention_output"),
-)
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
@@ -69,103 +67,23 @@ class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with the lesson's per-head matrices, a drop-in
     replacement for `keras.layers.MultiHeadAttention`.
 
-    Head `i` owns `W_i^Q`, `W_i^K`, `W_i^V` (and biases) that project
-    `d_model` into a `d_k = d_model / h` subspace; the heads' outputs are
-    concatenated and one matrix `W^O` mixes them. The matrices live in Keras
-    `EinsumDense` sublayers (`query_dense`, `key_dense`, `value_dense`,
-    `output_dense`, and `gate_dense` with `use_gate`) in Keras's own layout,
-    so quantization, LoRA, dtype policy maps and Keras's weight files work as
-    for Keras's layer. The head is an axis of every kernel:
+    The lesson's equations (1)-(3) are in the module docstring, and line by
+    line in `_per_head_attention`. Head `i` owns `W_i^Q`, `W_i^K`, `W_i^V`
+    (and biases), slices of the head axis of Keras `EinsumDense` sublayers in
+    Keras's layout (`query_kernel[:, i, :]`; the properties' table is in
+    docs/layer.md); W^O (`output_kernel`) mixes the concatenated heads.
 
-    | property         | shape                  | lesson                           |
-    | ---------------- | ---------------------- | -------------------------------- |
-    | `query_kernel`   | `(d_model, h, d_k)`    | `W_i^Q = query_kernel[:, i, :]`  |
-    | `query_bias`     | `(h, d_k)`             | `b_i^Q = query_bias[i]`          |
-    | `key_kernel`     | `(d_key, h, d_k)`      | `W_i^K = key_kernel[:, i, :]`    |
-    | `key_bias`       | `(h, d_k)`             | `b_i^K`                          |
-    | `value_kernel`   | `(d_value, h, d_v)`    | `W_i^V = value_kernel[:, i, :]`  |
-    | `value_bias`     | `(h, d_v)`             | `b_i^V`                          |
-    | `gate_kernel`    | `(d_model, h, d_v)`    | head i's gate (`use_gate`)       |
-    | `gate_bias`      | `(h, d_v)`             |                                  |
-    | `output_kernel`  | `(h, d_v, *d_out)`     | `W^O`; `output_kernel[i]` reads head i |
-    | `output_bias`    | `(*d_out,)`            | `b^O`                            |
-
-    The properties return the sublayers' `keras.Variable`s (biases are
-    `None` with `use_bias=False`); `reshape(output_kernel, (h * d_v, -1))` is
-    W^O as the lesson writes it. `head_weights(i)` returns head `i`'s
-    matrices as numpy arrays, `concat_heads(query, ...)` the `(B, T, h * d_v)`
-    Concat(head_1, ..., head_h) that W^O multiplies, `pruned(keep)` a layer
-    with fewer heads.
-
-    Args:
-        num_heads: Number of attention heads `h`.
-        key_dim: Size `d_k` of each head's query/key subspace. Defaults to
-            `d_model // num_heads` (the lesson's 768 / 12 = 64), where
-            `d_model` is the query's feature size; `d_model` must then be
-            divisible by `num_heads`.
-        value_dim: Size `d_v` of each head's value subspace. Defaults to
-            `key_dim`.
-        dropout: Dropout rate on the attention weights, in `[0, 1)`.
-        use_bias: Whether the projections have biases.
-        output_shape: Shape of the output's features (an int or a tuple).
-            Defaults to the query's feature size. (`output_dim`, its name in
-            keras_mha 0.1, is still read from saved configs.)
-        attention_axes: Axes attention runs over (`None`: all but the batch
-            and feature axes), for inputs of rank >= 3.
-        sliding_window: Position `t` may attend only to positions `s` with
-            `|t - s| < sliding_window`; combined with the causal and explicit
-            masks.
-        flash_attention: `None` lets the backend decide, `True` asks for a
-            flash kernel, `False` forbids it (as in Keras). See
-            `_compute_attention` for when `ops.dot_product_attention` is used.
-        kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, activity_regularizer, kernel_constraint,
-        bias_constraint: As for `keras.layers.MultiHeadAttention` (given to
-            every projection).
-        use_gate: Gated attention (Keras 3.14): each head's output is
-            multiplied by `sigmoid(Q W_i^G + b_i^G)` before W^O.
-        seed: Seed for the dropout layer.
-        implementation: `"fused"` (default) computes all heads in one batched
-            contraction; `"per_head"` loops over the heads and concatenates
-            them explicitly, line for line with the lesson
-            (`_per_head_attention`), for the lesson's case: float kernels,
-            rank-3 inputs, an int `output_shape`, no activity regularizer, no
-            subclass `_compute_attention`. Other cases run fused under either
-            name. Both use the same weights and agree to ~1e-6.
-        **kwargs: Base layer arguments (`name`, `dtype`, ...).
-
-    Call arguments:
-        query: `(B, T, d_query)` (or `(B, <dims>, d_query)`).
-        value: `(B, S, d_value)`; `None` means self-attention (`value=query`).
-        key: `(B, S, d_key)`; defaults to `value`.
-        query_mask, value_mask, key_mask: Boolean `(B, T)` / `(B, S)`, `True`
-            for a real position, as in Keras: a query row, a value or key
-            column. Each defaults to the mask its tensor carries; one given
-            is used even when its tensor is omitted (`mha(x, key_mask=m)`,
-            `mha(x, value_mask=m)`). Unlike Keras 3.15, which reads only the
-            query's carried mask, an explicit `query_mask` is used. They need
-            attention over the last axis before the features.
-        attention_mask: Boolean, `True` means "may attend": `(B, T, S)`,
-            `(T, S)` or `(B, h, T, S)`, broadcast as Keras does. Combined
-            with the Keras masks the inputs carry (`Embedding(mask_zero=True)`),
-            the causal mask and the sliding window. A query row with nothing
-            to attend to gets zero weights.
-        return_attention_scores: Also return the attention weights.
-        training: Dropout on the attention weights only when `True`.
-        use_causal_mask: Forbid position `t` to attend to positions `> t`.
-        head_mask: Optional `(h,)` or `(B, h)` multiplier on each head's
-            output (1 keeps a head, 0 silences it); used by head analysis.
-
-    Returns:
-        `(B, T, *d_out)`, and with `return_attention_scores=True` also the
-        attention weights `(B, h, T, S)` (Keras's shape for other axes).
+    Args and call arguments: as `keras.layers.MultiHeadAttention`, plus
+    `implementation` (`"fused"`, or `"per_head"`: the lesson's loop),
+    `head_mask` (a call's multiplier per head) and `use_gate`; `key_dim` may
+    be left out (d_model / h) and `value=None` is self-attention. The full
+    list is in docs/layer.md.
 
     Example:
 
     >>> layer = MultiHeadAttention(num_heads=2)
-    >>> x = keras.random.normal((3, 5, 8))
-    >>> y, scores = layer(x, return_attention_scores=True)
-    >>> y.shape, scores.shape
+    >>> y, scores = layer(keras.random.normal((3, 5, 8)), return_attention_scores=True)
+    >>> tuple(y.shape), tuple(scores.shape)
     ((3, 5, 8), (3, 2, 5, 5))
 
     Reference: Vaswani et al., "Attention Is All You Need", 2017, section 3.2.
@@ -211,33 +129,14 @@ class MultiHeadAttention(keras.layers.Layer):
         implementation: str = "fused",
         **kwargs,
     ):
-        _check_positive_int("num_heads", num_heads)
-        _check_positive_int("key_dim", key_dim, allow_none=True)
-        _check_positive_int("value_dim", value_dim, allow_none=True)
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0.0 <= dropout < 1.0
-        ):
-            raise ValueError(
-                "Received an invalid value for argument `dropout`, expected a "
-                f"float in [0, 1). Received: dropout={dropout!r}"
-            )
-        if implementation not in IMPLEMENTATIONS:
-            raise ValueError(
-                "Received an invalid value for argument `implementation`, "
-                f"expected one of {IMPLEMENTATIONS}. "
-                f"Received: implementation={implementation!r}"
-            )
-        if sliding_window is not None and (
-            isinstance(sliding_window, bool)
-            or not isinstance(sliding_window, (int, np.integer))
-            or sliding_window <= 0
-        ):
-            raise ValueError(
-                "`sliding_window` must be `None` or a positive integer. "
-                f"Received: sliding_window={sliding_window!r}"
-            )
+        check_constructor_args(
+            num_heads=num_heads,
+            key_dim=key_dim,
+            value_dim=value_dim,
+            dropout=dropout,
+            implementation=implementation,
+            sliding_window=sliding_window,
+        )
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = int(num_heads)
@@ -246,8 +145,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.dropout = float(dropout)
         self.use_bias = bool(use_bias)
         self.implementation = implementation
-        self._output_shape = _output_shape_arg(output_shape)
-        self.attention_axes = _attention_axes_arg(attention_axes)
+        self._output_shape = output_shape_arg(output_shape)
+        self.attention_axes = attention_axes_arg(attention_axes)
         self._sliding_window = None if sliding_window is None else int(sliding_window)
         self._flash_attention_arg = flash_attention
         self._flash_attention = flash_attention or keras.config.is_flash_attention_enabled()
@@ -273,7 +172,7 @@ class MultiHeadAttention(keras.layers.Layer):
         self.d_k = None
         self.d_v = None
         self._axes = None
-        for attr, _ in _PROJECTIONS:
+        for attr, _ in PROJECTIONS:
             setattr(self, f"_{attr}", None)
 
     @property
@@ -304,7 +203,7 @@ class MultiHeadAttention(keras.layers.Layer):
             "value": (value_shape, d_v),
         }
         equation, bias_axes, _ = projection_equation(rank - 1, 1, 2)
-        for attr, name in _PROJECTIONS[:-1]:
+        for attr, name in PROJECTIONS[:-1]:
             if name == "gate" and not self._use_gate:
                 continue
             shape, size = inputs[name]
@@ -467,6 +366,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
         query [B, T, d_model], key [B, S, d_key], value [B, S, d_value];
         mask: boolean [B|1, h|1, T|1, S|1] or None; head_mask: [B|1, h] or None.
+        `point(self, name, x, i)`: x, or as int8 holds it (keras_mha.qat), point `name_i`.
         """
         heads, weights = [], []
         for i in range(self.num_heads):
@@ -492,28 +392,24 @@ class MultiHeadAttention(keras.layers.Layer):
         return point(self, "output", output), ops.stack(weights, 1)  # [B,T,d_out], [B,h,T,S]
 
     def _head_projection(self, dense, x, i):
-        """Step (1) for head i: x W_i + b_i with W_i = `dense.kernel[:, i, :]`."""
+        """Step (1) for head i: x W_i + b_i, W_i = `dense.kernel[:, i, :]`: [B, T|S, d]."""
         y = ops.matmul(x, dense.kernel[:, i, :])  # x W_i
-        y = y if dense.bias is None else y + dense.bias[i]
-        return point(self, f"{dense.name}_{i}", y)  # int8 rounds each head's own (keras_mha.qat)
+        return point(self, dense.name, y if dense.bias is None else y + dense.bias[i], i)  # + b_i
 
     def _scaled_dot_product_attention(self, q, k, v, mask, training, head=None):
-        """Equation (2): softmax(q k^T / sqrt(d_k)) v, for one (`head`) or all heads.
+        """Step (2): softmax(q k^T / sqrt(d_k)) v, for one head (`head`) or all.
 
         q = [..., T, d_k], k = [..., S, d_k], v = [..., S, d_v],
         mask broadcastable to [..., T, S].
         """
-        at = "" if head is None else f"_{head}"  # int8 rounds here (keras_mha.qat), per head
-        scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # q k^T   [..., T, S]
-        scores = scores * ops.cast(inverse_sqrt(self.d_k), scores.dtype)  # / sqrt(d_k)
-        scores = point(self, f"scores{at}", scores)
-        weights = point(self, f"weights{at}", self._masked_softmax(scores, mask, at))  # [..., T, S]
+        scores = ops.matmul(q, ops.swapaxes(k, -1, -2))  # q k^T  [..., T, S]
+        scale = ops.cast(inverse_sqrt(self.d_k), scores.dtype)  # 1 / sqrt(d_k)
+        scores = point(self, "scores", scores * scale, head)  # q k^T / sqrt(d_k)
+        weights = point(self, "weights", self._masked_softmax(scores, mask, head), head)  # softmax
         dropped = self._dropout_layer(weights, training=training) if self.dropout else weights
-        heads = ops.matmul(dropped, v)  # [..., T, d_v]
-        # one head's output: int8 gives the concatenation of all of them one range
-        return (heads if head is not None else point(self, "heads", heads)), weights
+        return ops.matmul(dropped, v), weights  # softmax(...) v  [..., T, d_v], [..., T, S]
 
-    def _masked_softmax(self, scores, mask, at=""):
+    def _masked_softmax(self, scores, mask, head=None):
         """softmax over the positions the mask allows; zeros for empty rows.
 
         Keras sets masked scores to -1e9. That is exact in float, but an int8
@@ -525,7 +421,8 @@ class MultiHeadAttention(keras.layers.Layer):
         if mask is None:
             return ops.softmax(scores, axis=-1)
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
-        weights = ops.softmax(point(self, f"masked_scores{at}", ops.where(mask, scores, floor)), -1)
+        masked = point(self, "masked_scores", ops.where(mask, scores, floor), head)
+        weights = ops.softmax(masked, axis=-1)
         # A query row with nothing to attend to gets zeros, as in Keras.
         # (a scalar 0, not zeros_like: with a dynamic length zeros_like stays float in int8)
         return ops.where(mask, weights, 0.0)
@@ -589,9 +486,7 @@ class MultiHeadAttention(keras.layers.Layer):
             # re-assemble all head outputs side by side: Concat(head_1..head_h)
             shape = tuple(ops.shape(heads)[:-2]) + (self.num_heads * self.d_v,)
             return ops.reshape(heads, shape), None  # [B, T, h * d_v]
-        return point(
-            self, "output", self._output_dense(heads)
-        ), scores  # Concat(...) W^O  [B, T, d_out]
+        return point(self, "output", self._output_dense(heads)), scores  # Concat W^O [B, T, d_out]
 
     def _compute_attention(
         self,
@@ -672,6 +567,7 @@ class MultiHeadAttention(keras.layers.Layer):
             mask=mask,
             training=training,
         )  # [B, h, T, d_v], [B, h, T, S]
+        heads = point(self, "heads", heads)  # int8 rounds all heads' outputs as one tensor
         return axes.from_heads(heads, query), axes.unflatten_scores(weights, query, key)
 
     def _use_dot_product_attention(self, *, query, value, return_attention_scores) -> bool:
@@ -722,46 +618,10 @@ class MultiHeadAttention(keras.layers.Layer):
         return mask
 
     # ---------------------------------------------------------------- shapes
-    @staticmethod
-    def _check_key_value(value_shape, key_shape) -> None:
-        if tuple(value_shape[1:-1]) != tuple(key_shape[1:-1]):
-            raise ValueError(
-                "All dimensions of `value` and `key`, except the last one, "
-                f"must be equal. Received: value_shape={tuple(value_shape)} and "
-                f"key_shape={tuple(key_shape)}"
-            )
-
     def _resolve_dims(self, query_shape, value_shape, key_shape):
-        """`(d_model, d_k, d_v)` for these input shapes; ValueError if they
-        cannot be attention inputs."""
-        self._check_key_value(value_shape, key_shape)
-        for name, shape in (("query", query_shape), ("value", value_shape), ("key", key_shape)):
-            if len(shape) < 3:
-                raise ValueError(
-                    f"`{name}` must have rank >= 3 (batch, sequence, features). "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
-            if shape[-1] is None:
-                raise ValueError(
-                    f"The last dimension of `{name}` must be known. "
-                    f"Received: {name}.shape={tuple(shape)}"
-                )
-        if len(value_shape) != len(query_shape):
-            raise ValueError(
-                "`query` and `value` must have the same rank. Received: "
-                f"query.shape={tuple(query_shape)}, value.shape={tuple(value_shape)}"
-            )
-        d_model = int(query_shape[-1])
-        key_dim = self.key_dim
-        if key_dim is None:
-            if d_model % self.num_heads:
-                raise ValueError(
-                    "With `key_dim=None`, the query feature size d_model must "
-                    f"be divisible by `num_heads` (d_k = d_model / h). "
-                    f"Received: d_model={d_model}, num_heads={self.num_heads}"
-                )
-            key_dim = d_model // self.num_heads
-        return d_model, key_dim, self.value_dim or key_dim
+        """`(d_model, d_k, d_v)` for these input shapes (attention_args.py)."""
+        sizes = {"num_heads": self.num_heads, "key_dim": self.key_dim, "value_dim": self.value_dim}
+        return resolve_dims(query_shape, value_shape, key_shape, **sizes)
 
     def _check_call_shapes(self, *, query, value, key, attention_mask, masks=None):
         self._resolve_dims(query.shape, value.shape, key.shape)
@@ -790,7 +650,7 @@ class MultiHeadAttention(keras.layers.Layer):
         query_shape = tuple(query_shape)
         value_shape = query_shape if value_shape is None else tuple(value_shape)
         key_shape = value_shape if key_shape is None else tuple(key_shape)
-        self._check_key_value(value_shape, key_shape)
+        check_key_value(value_shape, key_shape)
         return query_shape[:-1] + (self._output_shape or query_shape[-1:])
 
     def compute_output_spec(
@@ -887,20 +747,20 @@ class MultiHeadAttention(keras.layers.Layer):
     gate_dense = property(lambda self: self._gate_dense, doc="The gate EinsumDense (use_gate).")
     output_dense = property(lambda self: self._output_dense, doc="The W^O EinsumDense.")
 
-    query_kernel = property(lambda self: _kernel_of(self._query_dense))
-    query_bias = property(lambda self: _bias_of(self._query_dense))
-    key_kernel = property(lambda self: _kernel_of(self._key_dense))
-    key_bias = property(lambda self: _bias_of(self._key_dense))
-    value_kernel = property(lambda self: _kernel_of(self._value_dense))
-    value_bias = property(lambda self: _bias_of(self._value_dense))
-    gate_kernel = property(lambda self: _kernel_of(self._gate_dense))
-    gate_bias = property(lambda self: _bias_of(self._gate_dense))
-    output_kernel = property(lambda self: _kernel_of(self._output_dense))
-    output_bias = property(lambda self: _bias_of(self._output_dense))
+    query_kernel = property(lambda self: kernel_of(self._query_dense))
+    query_bias = property(lambda self: bias_of(self._query_dense))
+    key_kernel = property(lambda self: kernel_of(self._key_dense))
+    key_bias = property(lambda self: bias_of(self._key_dense))
+    value_kernel = property(lambda self: kernel_of(self._value_dense))
+    value_bias = property(lambda self: bias_of(self._value_dense))
+    gate_kernel = property(lambda self: kernel_of(self._gate_dense))
+    gate_bias = property(lambda self: bias_of(self._gate_dense))
+    output_kernel = property(lambda self: kernel_of(self._output_dense))
+    output_bias = property(lambda self: bias_of(self._output_dense))
 
     def _projections(self) -> list:
         """The built projections, in Keras's order."""
-        return [d for d in (getattr(self, f"_{a}") for a, _ in _PROJECTIONS) if d is not None]
+        return [d for d in (getattr(self, f"_{a}") for a, _ in PROJECTIONS) if d is not None]
 
     def quantize(self, mode=None, type_check=True, config=None):
         """Quantize every projection as Keras quantizes an EinsumDense
@@ -915,10 +775,6 @@ class MultiHeadAttention(keras.layers.Layer):
             dense.enable_lora(rank, **kwargs)
 
     # ------------------------------------------------------- per-head access
-    def _require_built(self, what: str):
-        if not self.built:
-            raise ValueError(f"`{what}` needs a built layer; call the layer on an input first.")
-
     def concat_heads(
         self,
         query,
@@ -940,25 +796,10 @@ class MultiHeadAttention(keras.layers.Layer):
         call: inputs are cast to the layer's compute dtype. Used to refit W^O
         after pruning.
         """
-        self._require_built("concat_heads")
-        # The masks as a call reads them (Keras's `__call__` fills in the
-        # carried ones there; a plain method reads them itself).
-        *tensors, masks = resolve_inputs(
-            query=query,
-            value=value,
-            key=key,
-            query_mask=query_mask,
-            value_mask=value_mask,
-            key_mask=key_mask,
+        weights_io.require_built(self, "concat_heads")
+        query, value, key, masks = plain_inputs(
+            self.compute_dtype, query, value, key, query_mask, value_mask, key_mask
         )
-        plain = {}
-        for x in tensors:
-            if id(x) not in plain:
-                y = ops.cast(x, self.compute_dtype)
-                # A copy without the mask (used here, as in `call`), leaving the
-                # caller's tensor as it was: the projections would warn of it.
-                plain[id(x)] = ops.copy(y) if get_keras_mask(y) is not None else y
-        query, value, key = (plain[id(x)] for x in tensors)
         concat, _ = self._attend(
             query=query,
             value=value,
@@ -981,17 +822,7 @@ class MultiHeadAttention(keras.layers.Layer):
         `gate_kernel`/`gate_bias` with `use_gate`, and `output_kernel`, the
         (d_v, *d_out) block of W^O that reads head `i`.
         """
-        self._require_built("head_weights")
-        weights_io.check_head_index(i, num_heads=self.num_heads)
-        out = {}
-        for attr, name in _PROJECTIONS[:-1]:
-            dense = getattr(self, attr)
-            if dense is not None:
-                out[f"{name}_kernel"], out[f"{name}_bias"] = weights_io.head_slice(
-                    dense, i, what="head_weights"
-                )
-        out["output_kernel"] = weights_io.float_kernel(self.output_dense, "head_weights")[i]
-        return out
+        return weights_io.head_weights(self, i)
 
     def pruned(self, keep_heads) -> MultiHeadAttention:
         """A new, built layer with only the heads in `keep_heads`.
@@ -1001,152 +832,19 @@ class MultiHeadAttention(keras.layers.Layer):
         masked out (`head_mask` 0). `key_dim`/`value_dim`/`output_shape` are
         pinned, since d_k no longer equals d_model / h.
         """
-        self._require_built("pruned")
-        keep = weights_io.sorted_heads(keep_heads, num_heads=self.num_heads)
-        config = self.get_config()
-        config.update(
-            num_heads=len(keep), key_dim=self.d_k, value_dim=self.d_v, output_shape=self._d_out
-        )
-        new = type(self).from_config(config)
-        new.build(*self._input_shapes())
-        self._copy_projections(
-            sources=self._projection_map(), targets=new._projection_map(), heads=np.array(keep)
-        )
-        return new
+        return weights_io.pruned(self, keep_heads)
 
     @classmethod
     def from_keras(cls, layer, implementation: str = "fused") -> MultiHeadAttention:
         """Build ours from a built `keras.layers.MultiHeadAttention` (any
         configuration: the weights are copied as they are)."""
-        if not isinstance(layer, keras.layers.MultiHeadAttention):
-            raise ValueError(
-                "`from_keras` expects a keras.layers.MultiHeadAttention. "
-                f"Received: {type(layer).__name__}"
-            )
-        if not layer.built:
-            raise ValueError(
-                "`from_keras` needs a built keras.layers.MultiHeadAttention "
-                "(call it on an input first)."
-            )
-        config = layer.get_config()
-        config.pop("flash_attention", None)
-        rank = weights_io.keras_input_rank(layer)
-        # Keras resolves attention_axes in build, in projected coordinates.
-        axes = config.get("attention_axes")
-        if axes is not None:
-            config["attention_axes"] = tuple(a if a >= 0 else rank + a for a in axes)
-        new = cls.from_config({**config, "implementation": implementation})
-        # Keras's resolved flash setting (its argument or the global switch).
-        new._flash_attention = new._flash_attention_arg = layer._flash_attention
-        pad = (None,) * (rank - 1)
-        new.build(
-            pad + (layer.query_dense.kernel.shape[0],),
-            pad + (layer.value_dense.kernel.shape[0],),
-            pad + (layer.key_dense.kernel.shape[0],),
-        )
-        sources = {
-            "query": layer.query_dense,
-            "key": layer.key_dense,
-            "gate": getattr(layer, "_gate_dense", None),  # Keras has no public name for it
-            "value": layer.value_dense,
-            "output": layer.output_dense,
-        }
-        cls._copy_projections(sources=sources, targets=new._projection_map())
-        return new
+        return weights_io.from_keras(cls, layer, implementation)
 
     def to_keras(self) -> keras.layers.MultiHeadAttention:
         """The equivalent built `keras.layers.MultiHeadAttention`."""
-        self._require_built("to_keras")
-        config = self.get_config()
-        for ours_only in ("implementation", "flash_attention"):
-            config.pop(ours_only)
-        config.update(key_dim=self.d_k, value_dim=self.d_v)
-        config["dtype"] = self.dtype_policy
-        layer = keras.layers.MultiHeadAttention.from_config(config)
-        layer._flash_attention = self._flash_attention  # Keras's resolved flash setting
-        layer.build(*self._input_shapes())
-        targets = {
-            "query": layer.query_dense,
-            "key": layer.key_dense,
-            "gate": getattr(layer, "_gate_dense", None),
-            "value": layer.value_dense,
-            "output": layer.output_dense,
-        }
-        self._copy_projections(sources=self._projection_map(), targets=targets)
-        return layer
-
-    def _projection_map(self) -> dict:
-        """`{"query": query_dense, ..., "output": output_dense}` (gate: None
-        without `use_gate`)."""
-        names = ("query", "key", "gate", "value", "output")
-        return {name: getattr(self, attr) for name, (attr, _) in zip(names, _PROJECTIONS)}
-
-    @staticmethod
-    def _copy_projections(*, sources: dict, targets: dict, heads=None) -> None:
-        """Each source projection's weights into its target, keeping `heads`."""
-        for name, source in sources.items():
-            if source is not None:
-                head_axis = 0 if name == "output" else 1  # W^O: (h, d_v, d_out)
-                weights_io.copy_projection(source, targets[name], heads=heads, head_axis=head_axis)
+        return weights_io.to_keras(self)
 
     def _input_shapes(self):
         """Build shapes (query, value, key) with the layer's rank and widths."""
         pad = (None,) * (self._axes.rank - 1)
         return pad + (self.d_model,), pad + (self._d_value_in,), pad + (self._d_key_in,)
-
-
-def _kernel_of(dense):
-    """The projection's kernel variable (None before build): the stored
-    variable, int8 once quantized, without LoRA (`dense.kernel` adds LoRA)."""
-    if dense is None:
-        return None
-    return next(w for w in dense.weights if w.name == "kernel")
-
-
-def _bias_of(dense):
-    return None if dense is None else dense.bias
-
-
-def _check_positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        expected = "a positive integer" + (" or `None`" if allow_none else "")
-        raise ValueError(
-            f"Received an invalid value for argument `{name}`, expected "
-            f"{expected}. Received: {name}={value!r}"
-        )
-
-
-def _output_shape_arg(output_shape):
-    if output_shape is None:
-        return None
-    if isinstance(output_shape, (int, np.integer)) and not isinstance(output_shape, bool):
-        output_shape = (output_shape,)
-    try:
-        shape = tuple(output_shape)
-    except TypeError:
-        shape = None
-    if not shape or any(
-        isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0 for d in shape
-    ):
-        raise ValueError(
-            f"Invalid `output_shape`: {output_shape!r}. When specified, the "
-            "`output_shape` should be a positive int or a tuple or list of them."
-        )
-    return tuple(int(d) for d in shape)
-
-
-def _attention_axes_arg(attention_axes):
-    if isinstance(attention_axes, (int, np.integer)) and not isinstance(attention_axes, bool):
-        return (int(attention_axes),)
-    if attention_axes is None:
-        return None
-    if not isinstance(attention_axes, (list, tuple)) or not all(
-        isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in attention_axes
-    ):
-        raise ValueError(
-            "`attention_axes` must be an int, list, or tuple of ints. "
-            f"Received: attention_axes={attention_axes!r}"
-        )
-    return tuple(int(a) for a in attention_axes)

@@ -3,7 +3,8 @@
 Free functions of explicit arguments (no layer state), used by the layer in
 attention.py:
 
-- `resolve_inputs`: a call's query, value, key and their masks, as Keras reads them.
+- `resolve_inputs`: a call's query, value, key and their masks, as Keras
+  reads them; `plain_inputs`: the same for a plain method (`concat_heads`).
 - `causal_mask`, `sliding_window_mask`: `(1, T, S)` masks; `mask_for_head`:
   head i's `(B, T, S)` slice of a combined mask.
 - `head_mask_tensor`: the `head_mask` call argument (a multiplier per head,
@@ -87,6 +88,24 @@ def resolve_inputs(query, value=None, key=None, query_mask=None, value_mask=None
     elif key_mask is None:
         key_mask = get_keras_mask(key)
     return query, value, key, InputMasks(query=query_mask, value=value_mask, key=key_mask)
+
+
+def plain_inputs(
+    dtype, query, value=None, key=None, query_mask=None, value_mask=None, key_mask=None
+):
+    """`resolve_inputs` for a plain method, not a Keras call: Keras's
+    `__call__` fills in the carried masks and casts the inputs there. Each
+    tensor is cast to `dtype`, and one that carries a mask is copied without
+    it (the projections would warn of it), leaving the caller's tensor as it
+    was."""
+    *tensors, masks = resolve_inputs(query, value, key, query_mask, value_mask, key_mask)
+    plain = {}
+    for x in tensors:
+        if id(x) not in plain:
+            y = ops.cast(x, dtype)
+            plain[id(x)] = ops.copy(y) if get_keras_mask(y) is not None else y
+    query, value, key = (plain[id(x)] for x in tensors)
+    return query, value, key, masks
 
 
 def projection_equation(free_dims: int, bound_dims: int, output_dims: int):

@@ -1,14 +1,18 @@
 """The layer's weights as the lesson reads them, and as others store them.
 
-Free functions of explicit arguments: `EinsumDense` projections (read and
-written through their public `kernel` and `bias`), arrays, head indices. The
-layer's `head_weights`, `pruned`, `from_keras`, `to_keras` and
+Functions of explicit arguments: `EinsumDense` projections (read and
+written through their public `kernel` and `bias`), arrays, head indices, and
+the layer itself for its per-head accessors. The layer's `head_weights`,
+`pruned`, `from_keras`, `to_keras`, its kernel and bias properties and
 `load_own_variables` (attention.py) call them.
 
-- `head_slice(dense, i)`: head i's W_i and b_i, a slice of the head axis.
-- `copy_projection(source, target, heads)`: one projection's weights into
-  another of the same layout (`keras.layers.MultiHeadAttention` has the same
-  sublayers and kernel shapes), optionally keeping only some heads.
+- `head_weights(layer, i)`: head i's matrices; `head_slice(dense, i)`, one
+  projection's W_i and b_i, a slice of the head axis.
+- `pruned(layer, keep_heads)`: a new layer with only those heads.
+- `from_keras(cls, layer)`, `to_keras(layer)`: to and from
+  `keras.layers.MultiHeadAttention`, which has the same sublayers and kernel
+  shapes; `projections(layer)` names either layer's sublayers and
+  `copy_projections` copies them, optionally keeping only some heads.
 - `load_legacy_variables`: keras_mha 0.1 kept its weights on the layer
   itself, heads first (`query_kernel` (h, d_model, d_k), `output_kernel`
   (h * d_v, d_out)); its files are read into today's layout.
@@ -16,8 +20,36 @@ layer's `head_weights`, `pruned`, `from_keras`, `to_keras` and
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 from keras import ops
+
+# The projections' public names (private ones: a leading "_"), in Keras's
+# order, and their sublayer names.
+PROJECTIONS = (
+    ("query_dense", "query"),
+    ("key_dense", "key"),
+    ("gate_dense", "gate"),
+    ("value_dense", "value"),
+    ("output_dense", "attention_output"),
+)
+
+
+def kernel_of(dense):
+    """The projection's kernel variable (None before build): the stored
+    variable, int8 once quantized, without LoRA (`dense.kernel` adds LoRA)."""
+    if dense is None:
+        return None
+    return next(w for w in dense.weights if w.name == "kernel")
+
+
+def bias_of(dense):
+    return None if dense is None else dense.bias
+
+
+def require_built(layer, what: str) -> None:
+    if not layer.built:
+        raise ValueError(f"`{what}` needs a built layer; call the layer on an input first.")
 
 
 def float_kernel(dense, what: str) -> np.ndarray:
@@ -79,6 +111,103 @@ def keras_input_rank(keras_layer) -> int:
     """Input rank of a built `keras.layers.MultiHeadAttention`, read from its
     query projection's einsum equation."""
     return len(keras_layer.query_dense.equation.split(",")[0])
+
+
+def projections(layer) -> dict:
+    """`{"query": query_dense, ..., "output": output_dense}` of our layer or
+    of `keras.layers.MultiHeadAttention` (gate: None without `use_gate`;
+    Keras has no public name for it)."""
+    return {
+        "query": layer.query_dense,
+        "key": layer.key_dense,
+        "gate": getattr(layer, "_gate_dense", None),
+        "value": layer.value_dense,
+        "output": layer.output_dense,
+    }
+
+
+def copy_projections(*, sources: dict, targets: dict, heads=None) -> None:
+    """Each source projection's weights into its target, keeping `heads`."""
+    for name, source in sources.items():
+        if source is not None:
+            head_axis = 0 if name == "output" else 1  # W^O: (h, d_v, d_out)
+            copy_projection(source, targets[name], heads=heads, head_axis=head_axis)
+
+
+# ------------------------------------------------- the layer's per-head access
+def head_weights(layer, i: int) -> dict[str, np.ndarray]:
+    """`layer.head_weights(i)`: head i's own matrices as numpy arrays."""
+    require_built(layer, "head_weights")
+    check_head_index(i, num_heads=layer.num_heads)
+    out = {}
+    for attr, name in PROJECTIONS[:-1]:
+        dense = getattr(layer, attr)
+        if dense is not None:
+            out[f"{name}_kernel"], out[f"{name}_bias"] = head_slice(dense, i, what="head_weights")
+    out["output_kernel"] = float_kernel(layer.output_dense, "head_weights")[i]
+    return out
+
+
+def pruned(layer, keep_heads):
+    """`layer.pruned(keep_heads)`: a new, built layer with only those heads."""
+    require_built(layer, "pruned")
+    keep = sorted_heads(keep_heads, num_heads=layer.num_heads)
+    config = layer.get_config()
+    config.update(
+        num_heads=len(keep), key_dim=layer.d_k, value_dim=layer.d_v, output_shape=layer._d_out
+    )
+    new = type(layer).from_config(config)
+    new.build(*layer._input_shapes())
+    copy_projections(sources=projections(layer), targets=projections(new), heads=np.array(keep))
+    return new
+
+
+def from_keras(cls, layer, implementation: str):
+    """`cls.from_keras(layer)`: a `cls` built from a built
+    `keras.layers.MultiHeadAttention`, its weights copied as they are."""
+    if not isinstance(layer, keras.layers.MultiHeadAttention):
+        raise ValueError(
+            "`from_keras` expects a keras.layers.MultiHeadAttention. "
+            f"Received: {type(layer).__name__}"
+        )
+    if not layer.built:
+        raise ValueError(
+            "`from_keras` needs a built keras.layers.MultiHeadAttention "
+            "(call it on an input first)."
+        )
+    config = layer.get_config()
+    config.pop("flash_attention", None)
+    rank = keras_input_rank(layer)
+    # Keras resolves attention_axes in build, in projected coordinates.
+    axes = config.get("attention_axes")
+    if axes is not None:
+        config["attention_axes"] = tuple(a if a >= 0 else rank + a for a in axes)
+    new = cls.from_config({**config, "implementation": implementation})
+    # Keras's resolved flash setting (its argument or the global switch).
+    new._flash_attention = new._flash_attention_arg = layer._flash_attention
+    pad = (None,) * (rank - 1)
+    new.build(
+        pad + (layer.query_dense.kernel.shape[0],),
+        pad + (layer.value_dense.kernel.shape[0],),
+        pad + (layer.key_dense.kernel.shape[0],),
+    )
+    copy_projections(sources=projections(layer), targets=projections(new))
+    return new
+
+
+def to_keras(layer) -> keras.layers.MultiHeadAttention:
+    """`layer.to_keras()`: the equivalent built `keras.layers.MultiHeadAttention`."""
+    require_built(layer, "to_keras")
+    config = layer.get_config()
+    for ours_only in ("implementation", "flash_attention"):
+        config.pop(ours_only)
+    config.update(key_dim=layer.d_k, value_dim=layer.d_v)
+    config["dtype"] = layer.dtype_policy
+    new = keras.layers.MultiHeadAttention.from_config(config)
+    new._flash_attention = layer._flash_attention  # Keras's resolved flash setting
+    new.build(*layer._input_shapes())
+    copy_projections(sources=projections(layer), targets=projections(new))
+    return new
 
 
 def load_legacy_variables(

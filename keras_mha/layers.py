@@ -21,6 +21,10 @@ from keras import ops
 from keras_mha.attention import MultiHeadAttention
 from keras_mha.qat import HOOK, point
 
+# A block whose __dict__ holds a list under this name appends its attention
+# weights to it on every call (`keras_mha.model.attention_model`; not tracked).
+ATTENTION_SINK = "_attention_sink"
+
 
 def _mean_square(x):
     """mean(x * x) over the last axis, as one dot product per token `(..., d) -> (..., 1)`.
@@ -194,6 +198,52 @@ class MaskedMeanPooling(keras.layers.Layer):
         return (input_shape[0], input_shape[-1])
 
 
+@keras.saving.register_keras_serializable(package="keras_mha")
+class FirstTokenPooling(keras.layers.Layer):
+    """The first token's vector: `(B, T, d) -> (B, d)` (BERT's [CLS] pooling,
+    sentence-transformers' `pooling_mode_cls_token`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, x, mask=None):
+        return point(self, "first", x[:, 0, :])
+
+    def compute_mask(self, x, mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
+class MaskedMaxPooling(keras.layers.Layer):
+    """Max over the tokens the mask keeps: `(B, T, d) -> (B, d)`
+    (sentence-transformers' `pooling_mode_max_tokens`).
+
+    A masked position takes the sequence's smallest value (over every
+    position) rather than -1e9, as the attention's masked softmax does: it
+    never wins the max, and an int8 model's range stays the tensor's own.
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.supports_masking = True
+
+    def call(self, x, mask=None):
+        if mask is None:
+            return ops.max(x, axis=1)
+        floor = ops.min(x, axis=1, keepdims=True)  # (B, 1, d)
+        return point(self, "max", ops.max(ops.where(ops.expand_dims(mask, -1), x, floor), axis=1))
+
+    def compute_mask(self, x, mask=None):
+        return None
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+
 def _gelu_tanh(x):
     """GELU with the tanh approximation (Hugging Face's `"gelu_new"`)."""
     return keras.activations.gelu(x, approximate=True)
@@ -340,17 +390,22 @@ class TransformerEncoderBlock(keras.layers.Layer):
             )
             attended, scores = out if return_attention_scores else (out, None)
         else:
-            # Scores only when asked: without them, the fused attention may
-            # take ops.dot_product_attention on JAX and PyTorch.
+            # Scores only when asked (or recorded: keras_mha.model.attention_model);
+            # without them the fused attention may take ops.dot_product_attention
+            # on JAX and PyTorch.
+            sink = self.__dict__.get(ATTENTION_SINK)
+            scored = return_attention_scores or sink is not None
             out = self.attention(
                 x,
                 query_mask=mask,
                 value_mask=mask,
                 training=training,
                 head_mask=head_mask,
-                return_attention_scores=return_attention_scores,
+                return_attention_scores=scored,
             )
-            attended, scores = out if return_attention_scores else (out, None)
+            attended, scores = out if scored else (out, None)
+            if sink is not None:
+                sink.append(scores)
         # point(): where int8 rounds, when quantization-aware (keras_mha.qat)
         x = point(self, "attention_sum", x + self.attention_dropout(attended, training=training))
         x = self.attention_norm(x)

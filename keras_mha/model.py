@@ -24,7 +24,12 @@ import numpy as np
 
 from edge_demo.contract.attention import output_name
 from keras_mha.attention import MultiHeadAttention
-from keras_mha.layers import MaskedMeanPooling, PositionalEncoding, TransformerEncoderBlock
+from keras_mha.layers import (
+    ATTENTION_SINK,
+    MaskedMeanPooling,
+    PositionalEncoding,
+    TransformerEncoderBlock,
+)
 
 INPUT_KINDS = ("features", "tokens")
 POOLINGS = ("mean", "flatten")
@@ -197,10 +202,13 @@ def forward(model: keras.Model, x, head_masks=None, return_attention_scores=Fals
 
 
 class _AttentionWeights(keras.layers.Layer):
-    """Runs a classifier's layers and returns every block's attention weights.
+    """Runs a model and returns every block's attention weights.
 
-    Holds the classifier itself (its layers and variables, not copies), so a
-    model built on it follows any later change of the weights.
+    Holds the model itself (its layers and variables, not copies), so a model
+    built on it follows any later change of the weights. Any model made of
+    keras_mha blocks works (a classifier, a pretrained encoder): each block
+    appends the weights it computes to a list while the model runs
+    (`layers.ATTENTION_SINK`), in the order the blocks run.
     """
 
     def __init__(self, classifier: keras.Model, **kwargs):
@@ -208,18 +216,16 @@ class _AttentionWeights(keras.layers.Layer):
         self.classifier = classifier
 
     def call(self, x):
-        if is_encoder(self.classifier):  # keras_mha.pretrained's sentence encoder
-            from keras_mha.pretrained.bert import encoder_forward
-
-            _, scores = encoder_forward(self.classifier, x, return_attention=True)
-        else:
-            _, scores = forward(self.classifier, x, return_attention_scores=True, training=False)
-        return {output_name(i): s for i, s in enumerate(scores)}  # each (B, h, T, S)
-
-
-def is_encoder(model: keras.Model) -> bool:
-    """Whether `model` is `keras_mha.pretrained.bert.build_encoder`'s (ids -> unit vectors)."""
-    return any(type(layer).__name__ == "BertEmbeddings" for layer in model.layers)
+        blocks = encoder_blocks(self.classifier)
+        sink: list = []
+        for block in blocks:
+            object.__setattr__(block, ATTENTION_SINK, sink)  # not a tracked attribute
+        try:
+            self.classifier(x, training=False)
+        finally:
+            for block in blocks:
+                block.__dict__.pop(ATTENTION_SINK, None)
+        return {output_name(i): s for i, s in enumerate(sink)}  # each (B, h, T, S)
 
 
 def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Model:

@@ -58,10 +58,16 @@ _SOFTMAX_OUTPUT = re.compile(r"weights(_\d+)?")  # all heads', or head i's (the 
 _PER_CALL = 4096  # values sampled per call and point, besides the largest 1 %
 
 
-def point(layer, name: str, x):
-    """x as the int8 model will hold it: unchanged unless a hook is attached to `layer`."""
+def point(layer, name: str, x, head: int | None = None):
+    """x as the int8 model will hold it: unchanged unless a hook is attached to `layer`.
+
+    `head`: x is that head's own tensor, the point `{name}_{head}` (the
+    lesson's per-head path: `scores_0`, `query_1`, ...); None, the point `name`.
+    """
     hook = layer.__dict__.get(HOOK)
-    return x if hook is None else hook(f"{layer.path}/{name}", x)
+    if hook is None:
+        return x
+    return hook(f"{layer.path}/{name}" + ("" if head is None else f"_{head}"), x)
 
 
 def _layers(model) -> list:

@@ -39,12 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
-        from keras_mha.rundir.embedding import check_embedding_run
+        from keras_mha.rundir.embedding import TASK
+        from keras_mha.rundir.tasks import require
         from keras_mha.rundir.writing import check_out
 
-        check_embedding_run(
-            args.run_dir, "its quantization-aware training is keras-mha-train --qat"
-        )
+        require(args.run_dir, TASK, "its quantization-aware training is keras-mha-train --qat")
         if not 0 < args.learning_rate < 1:
             raise UsageError(f"must be in (0, 1); got {args.learning_rate}", "--learning-rate")
         check_out(args.out, args.overwrite)

@@ -75,7 +75,7 @@ def _dataset(batches: list[np.ndarray], targets: list[np.ndarray]):
 def _eval_figures(model, run) -> dict:
     """The model's eval vectors against the float encoder's (eval.npz), by the device's measure."""
     from edge_demo.contract.parity import measure_embeddings
-    from keras_mha.heads.encoder import embed
+    from keras_mha.pretrained.encoding import embed
 
     figures = measure_embeddings(embed(model, run.eval.x), run.eval.probs)
     return {
@@ -90,7 +90,7 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
 
     from edge_demo.contract.arrays import own_lengths
     from keras_mha import qat
-    from keras_mha.heads.encoder import batches
+    from keras_mha.pretrained.encoding import batches
     from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
     from keras_mha.rundir.writing import check_out
 

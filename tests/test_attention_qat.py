@@ -83,6 +83,23 @@ def test_ranges_by_rule(model, data):
         assert errors["mse"] <= errors["minmax"] + 1e-12  # mse searches minmax's range too
 
 
+def test_a_point_names_its_head():
+    """`point(layer, name, x, i)` is head i's own point, `name_i` (the
+    names ranges.json keys on); without a head index it is `name`."""
+    from keras_mha import MultiHeadAttention
+
+    layer = MultiHeadAttention(num_heads=2, name="mha")
+    x = np.ones((1, 3, 4), "float32")
+    layer(x)  # built: its path is its name
+    assert qat.point(layer, "scores", x, 0) is x  # no hook: the float model
+    seen = []
+    object.__setattr__(layer, qat.HOOK, lambda key, y: seen.append(key) or y)
+    qat.point(layer, "scores", x, 0)
+    qat.point(layer, "query", x, 1)
+    qat.point(layer, "scores", x)
+    assert seen == ["mha/scores_0", "mha/query_1", "mha/scores"]
+
+
 def test_mse_range_from_the_weighted_sample_is_the_best_on_all_values():
     """Student's t (4 degrees of freedom), 100,000 values: a few far out, as
     after a GELU. The recorder keeps 1 % of the tail and 4,096 others; the

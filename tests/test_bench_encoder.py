@@ -1,4 +1,4 @@
-"""benchmarks/bench_encoder.py: its ratios, goals and argument errors (no runtime, no timing).
+"""benchmarks/bench_encoder.py: its ratios, goals, fidelity and input errors (no runtime, no timing).
 
 The benchmark itself (LiteRT, ONNX Runtime, PyTorch in .venv-torch) is
 `make bench-encoder`; nothing here runs a model or asserts a duration.
@@ -6,14 +6,27 @@ The benchmark itself (LiteRT, ONNX Runtime, PyTorch in .venv-torch) is
 
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import pathlib
+import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from edge_bundle import edit_manifest
+from test_edge_embedding import tokenizer_json
+
+from edge_demo.contract.bundle import add_file, labels_json, open_bundle, texts_json
+from edge_demo.contract.entries import EvalSpec, ModelEntry
+from edge_demo.contract.files import tflite_problem
+from edge_demo.contract.flatbuffer import index_problem
+from edge_demo.contract.manifest import Manifest
+from edge_demo.contract.parity import default_thresholds, embedding_thresholds, measure_embeddings
+from edge_demo.contract.tensors import TensorSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_encoder.py"
@@ -170,36 +183,106 @@ def test_sentence_ids_cut_each_row_to_its_own_length():
         be.sentence_ids(np.ones((2, 3), np.float32), "x")
 
 
-def write_bundle(path: pathlib.Path, models: dict, n: int = 3) -> pathlib.Path:
-    path.mkdir(parents=True, exist_ok=True)
-    for entry in models.values():
-        if isinstance(entry, dict) and not entry.pop("absent", False):
-            (path / entry["file"]).write_bytes(b"TFL3 not really")
-    x = np.zeros((n, 8), np.int32)
-    x[:, :3] = [101, 2000, 102]
-    emb = np.eye(n, 384, dtype=np.float32)
-    np.savez(path / "eval.npz", x=x, embeddings=emb)
-    manifest = {"format": "keras-mha-bundle", "models": models, "eval": {"file": "eval.npz"}}
-    (path / "manifest.json").write_text(json.dumps(manifest))
+# A real bundle, written through the contract's classes (no TensorFlow): open_bundle
+# checks every file, and the benchmark reads nothing but what it gives.
+
+# The smallest flatbuffer the contract's model checks pass (TFL3, a root table, one
+# empty subgraph); no runtime runs it here.
+TFLITE = b"".join(
+    [
+        struct.pack("<I", 20),  # 0: the Model table is at 20
+        b"TFL3",  # 4: file identifier
+        struct.pack("<5H2x", 10, 8, 0, 0, 4),  # 8: Model's vtable: field 2 (subgraphs) at +4
+        struct.pack("<iI", 12, 4),  # 20: Model: vtable at 20 - 12; subgraphs at 24 + 4
+        struct.pack("<II", 1, 8),  # 28: one subgraph, its table at 32 + 8
+        struct.pack("<2H", 4, 4),  # 36: SubGraph's vtable: no fields
+        struct.pack("<i", 4),  # 40: SubGraph: vtable at 40 - 4
+    ]
+)
+SENTENCES, WIDTH, DIMS = 3, 8, 384
+
+
+def token_rows(n: int = SENTENCES) -> np.ndarray:
+    """(n, WIDTH) ids of the test tokenizer, [CLS] ... [SEP] then [PAD] 0s: lengths 3, 4, 5."""
+    x = np.zeros((n, WIDTH), np.int32)
+    for row in range(n):
+        x[row, : 3 + row] = [2, *range(4, 5 + row), 3]
+    return x
+
+
+def write_bundle(
+    path: pathlib.Path,
+    verified: dict[str, bool] | None = None,
+    x: np.ndarray | None = None,
+    task: str = "embedding",
+    dynamic_length: bool = True,
+) -> pathlib.Path:
+    """An embedding bundle (or a classifier's, `task="classification"`) the contract accepts:
+    a model file per mode of `verified` (mode -> verified), eval.npz of `x` with unit
+    vectors `np.eye(n, DIMS)` as the float reference."""
+    verified = {"float32": False, "dynamic": True} if verified is None else verified
+    x = token_rows() if x is None else x
+    n, embedding = len(x), task == "embedding"
+    path.mkdir(parents=True)
+    if embedding:
+        width, arrays = DIMS, {"embeddings": np.eye(n, DIMS, dtype=np.float32)}
+    else:
+        width, arrays = 2, {"y": np.zeros(n, np.int64), "probs": np.full((n, 2), 0.5, np.float32)}
+    archive = io.BytesIO()
+    np.savez(archive, x=x, **arrays)
+    data = add_file(path, "eval.npz", archive.getvalue())
+    models = {}
+    for mode, ok in verified.items():
+        model = add_file(path, f"model_{mode}.tflite", TFLITE)
+        models[mode] = ModelEntry(
+            mode=mode,
+            file=model.file,
+            sha256=model.sha256,
+            bytes=len(TFLITE),
+            input=TensorSpec("input_ids", (1, x.shape[1]), "int32"),
+            output=TensorSpec("embedding", (1, width), "float32"),
+            thresholds=embedding_thresholds(mode, n) if embedding else default_thresholds(mode, n),
+            verified=ok,
+            dynamic_length=dynamic_length,
+        )
+    side = {}
+    if embedding:
+        side = {
+            "texts": add_file(path, "texts.json", texts_json([f"sentence {i}" for i in range(n)])),
+            "tokenizer": add_file(path, "tokenizer.json", tokenizer_json()),
+            "max_length": 16,
+        }
+    Manifest(
+        eval=EvalSpec(
+            data.file, data.sha256, n, x.shape, "int32", width, None if embedding else 1.0, task
+        ),
+        labels=None if embedding else add_file(path, "labels.json", labels_json(["a", "b"])),
+        vocab=None,
+        models=models,
+        **side,
+    ).write(path)
     return path
 
 
+def test_the_test_bundle_is_one_the_contract_accepts(tmp_path):
+    assert tflite_problem(TFLITE) is None and index_problem(TFLITE) is None
+    bundle = open_bundle(write_bundle(tmp_path / "b"))
+    assert bundle.manifest.eval.task == "embedding" and bundle.modes == ("float32", "dynamic")
+
+
 def test_load_bundle_reads_modes_verified_ids_and_reference(tmp_path):
-    bundle = write_bundle(
-        tmp_path / "b",
-        {
-            "dynamic": {"file": "d.tflite", "verified": True},
-            "float32": {"file": "f.tflite", "verified": False},
-        },
-    )
+    bundle = write_bundle(tmp_path / "b", {"dynamic": True, "float32": False, "int8": False})
     loaded = be.load_bundle(bundle)
-    assert list(loaded["modes"]) == ["float32", "dynamic"]  # table order
+    assert list(loaded["modes"]) == ["float32", "dynamic", "int8"]  # table order
     assert {m: e["verified"] for m, e in loaded["modes"].items()} == {
         "float32": False,
         "dynamic": True,
+        "int8": False,
     }
-    assert [r.shape for r in loaded["ids"]] == [(1, 3)] * 3
-    assert loaded["reference"].shape == (3, 384)
+    assert loaded["modes"]["int8"]["path"] == bundle / "model_int8.tflite"
+    assert [r.tolist() for r in loaded["ids"]] == [[[2, 4, 3]], [[2, 4, 5, 3]], [[2, 4, 5, 6, 3]]]
+    np.testing.assert_array_equal(loaded["reference"], np.eye(SENTENCES, DIMS))
+    assert loaded["root"] == bundle and loaded["source"] == {"bundle": str(bundle)}
 
 
 def run_main(capsys, *argv) -> tuple[int, str]:
@@ -223,8 +306,8 @@ def run_main(capsys, *argv) -> tuple[int, str]:
         (["--models", "a={tmp}/m.tflite", "a={tmp}/m.tflite", "--ids", "{tmp}/i.npy"], "twice"),
         (["{tmp}", "--models", "float32=f.tflite"], "not both"),
         (["{tmp}", "--ids", "ids.npy"], "go with --models"),
-        (["{tmp}"], "no manifest.json here"),
-        (["{tmp}/absent"], "not a directory"),
+        (["{tmp}"], "manifest.json: not found; is this a bundle"),
+        (["{tmp}/absent"], "absent: not a directory"),
     ],
 )
 def test_argument_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
@@ -235,26 +318,87 @@ def test_argument_errors_are_one_line_exit_2(tmp_path, capsys, argv, message):
     assert message in err
 
 
+def _break(bundle: pathlib.Path, how: str) -> None:
+    if how == "no models":
+        edit_manifest(bundle, lambda m: m.update(models={}))
+    elif how == "a file outside":
+        edit_manifest(bundle, lambda m: m["models"]["float32"].update(file="../f.tflite"))
+    elif how == "a model missing":
+        (bundle / "model_float32.tflite").unlink()
+    elif how == "a model changed":
+        (bundle / "model_dynamic.tflite").write_bytes(TFLITE[:-1] + b"\x05")  # same size
+    elif how == "eval.npz changed":
+        np.savez(bundle / "eval.npz", x=token_rows(), embeddings=np.eye(SENTENCES, DIMS))
+
+
 @pytest.mark.parametrize(
-    "models, message",
+    "how, message",
     [
-        ({}, "`models` is missing or empty"),
-        ({"float32": {"file": "f.tflite", "absent": True}}, "not a file"),
-        ({"float32": {"file": "../f.tflite"}}, "inside the bundle"),
-        ({"float32": "f.tflite"}, "not a mode entry"),
+        ("no models", "manifest.json: field 'models' is empty"),
+        ("a file outside", "field 'models.float32.file' must name a file inside the bundle"),
+        ("a model missing", "not found (manifest.json lists it for mode 'float32')"),
+        ("a model changed", "model_dynamic.tflite: sha256"),
+        ("eval.npz changed", "eval.npz: sha256"),
     ],
 )
-def test_bundle_errors_are_one_line_exit_2(tmp_path, capsys, models, message):
-    bundle = write_bundle(tmp_path / "b", models)
+def test_a_bundle_the_contract_refuses_is_one_line_exit_2(tmp_path, capsys, how, message):
+    bundle = write_bundle(tmp_path / "b")
+    _break(bundle, how)
     code, err = run_main(capsys, bundle)
-    assert code == 2 and err.count("\n") == 1 and message in err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
-def test_bundle_without_embeddings_is_refused(tmp_path, capsys):
-    bundle = write_bundle(tmp_path / "b", {"float32": {"file": "f.tflite"}})
-    np.savez(bundle / "eval.npz", x=np.ones((2, 3), np.int32))  # a classifier's eval.npz
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"task": "classification"}, "eval.task is 'classification'; this benchmark needs"),
+        ({"dynamic_length": False}, "models.float32 has no dynamic_length"),
+        ({"x": np.array([[2, 4, 3], [2, 0, 3]], np.int32)}, "row 1 has a 0 ([PAD]) before"),
+    ],
+)
+def test_a_bundle_the_benchmark_cannot_run_is_one_line_exit_2(tmp_path, capsys, options, message):
+    bundle = write_bundle(tmp_path / "b", **options)
+    open_bundle(bundle)  # the contract takes it
     code, err = run_main(capsys, bundle)
-    assert code == 2 and "x and embeddings" in err
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_json_inside_the_bundle_is_refused_before_the_run(tmp_path, capsys):
+    bundle = write_bundle(tmp_path / "b")
+    before = (bundle / "manifest.json").read_bytes()
+    code, err = run_main(capsys, bundle, "--json", bundle / "manifest.json")
+    assert code == 2 and err.count("\n") == 1 and "is inside the bundle" in err, err
+    assert (bundle / "manifest.json").read_bytes() == before
+
+
+def test_fidelity_is_the_contracts_embedding_parity():
+    reference = np.eye(4, 8, dtype=np.float32)
+    turned = reference.copy()
+    turned[0, :2] = [0.6, 0.8]  # sentence 0 turned: cosine 0.6, still nearest to nothing else
+    fidelity = be.fidelity_of({"same": reference, "turned": turned}, reference)
+    assert fidelity["same"] == {"min_cosine": 1.0, "mean_cosine": 1.0, "top1": 1.0, "top5": 1.0}
+    assert fidelity["turned"]["min_cosine"] == pytest.approx(0.6)
+    assert fidelity["turned"]["mean_cosine"] == pytest.approx(0.9)
+    expected = measure_embeddings(turned, reference)
+    assert fidelity["turned"]["top1"] == expected.top1 and fidelity["turned"]["top5"] == 1.0
+    # without a reference, PyTorch eager's vectors are it
+    fidelity = be.fidelity_of({be.TORCH: turned, "same": reference}, None)
+    assert fidelity[be.TORCH]["mean_cosine"] == pytest.approx(1.0)
+    assert fidelity["same"]["mean_cosine"] == pytest.approx(0.9)
+
+
+def test_a_report_with_nan_stays_json():
+    fidelity = be.fidelity_of({"a": np.full((2, 8), np.nan)}, np.eye(2, 8))["a"]
+    assert all(math.isnan(v) for v in fidelity.values())  # an engine that gave NaN
+    report = be.json_ready({"a": fidelity, "ratios": [math.inf, 1.5], "n": 2})
+    assert report == {"a": dict.fromkeys(fidelity), "ratios": [None, 1.5], "n": 2}
+    json.dumps(report, allow_nan=False)
+
+
+def test_one_sentence_is_refused_the_fidelity_needs_two(tmp_path, capsys):
+    code, err = run_main(capsys, write_bundle(tmp_path / "b"), "--sentences", "1")
+    assert code == 2 and err.count("\n") == 1
+    assert "--sentences: 1 sentence to run; the fidelity's nearest neighbours need" in err
 
 
 def test_loose_files_check_ids_and_reference(tmp_path, capsys):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from edge_bundle import example_manifest
 
-from edge_demo.contract.arrays import UNIT_NORM_TOLERANCE, check_embedding_eval
+from edge_demo.contract.arrays import UNIT_NORM_TOLERANCE, EvalData, check_embedding_eval
 from edge_demo.contract.bundle import MAX_TEXT, parse_texts, texts_json
 from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
 from edge_demo.contract.manifest import Manifest
@@ -29,10 +29,10 @@ from edge_demo.contract.parity import (
     changes_allowed,
     default_thresholds,
     embedding_thresholds,
-    measure,
     measure_embeddings,
     nearest,
 )
+from edge_demo.contract.tasks import TASKS
 from edge_demo.contract.tensors import TensorSpec
 from edge_demo.contract.wordpiece import WordPiece
 from edge_demo.errors import UsageError
@@ -79,7 +79,8 @@ def test_identical_vectors_are_perfect_parity():
     assert parity.top1 == 1.0 and parity.top5 == 1.0 and parity.agreement == 1.0
     assert parity.max_abs_diff == 0.0 and parity.mean_abs_diff == 0.0
     assert math.isnan(parity.accuracy)  # no labels
-    assert measure(reference, None, reference, task="embedding") == parity
+    evaluation = EvalData(reference[:, :1], np.zeros(len(reference), np.int64), reference, False)
+    assert TASKS["embedding"].measure(reference, evaluation) == parity  # what the device calls
     # The figures it writes: the four embedding keys, accuracy null.
     data = parity.to_json()
     assert EMBEDDING_KEYS <= set(data) and data["accuracy"] is None
@@ -197,7 +198,7 @@ def test_embedding_thresholds_per_mode():
             assert t.max_abs_diff is None
         assert (t.min_cosine, t.min_mean_cosine, t.min_top5) == (0.98, 0.995, top5)
         assert t.min_agreement is None and t.max_accuracy_drop is None  # no labels
-        assert default_thresholds(mode, n, "embedding") == t
+        assert TASKS["embedding"].thresholds(mode, n) == t
         assert Thresholds.from_json(_fields(), {"t": t.to_json()}, "t") == t
     assert (EMBEDDING_MIN_COSINE, EMBEDDING_MIN_MEAN_COSINE) == (0.98, 0.995)
     # A classifier's thresholds are as they were.
@@ -281,7 +282,7 @@ def test_embedding_manifest_round_trips():
     data = embedding_json()
     again = Manifest.from_json(data, "manifest.json")
     assert again == manifest
-    assert again.eval.embedding and again.eval.float_accuracy is None
+    assert again.task is TASKS["embedding"] and again.eval.float_accuracy is None
     assert again.labels is None and again.max_length == 128
     assert again.tokenizer == FileRef("tokenizer.json", "e" * 64)
     assert again.models["int8"].dynamic_length is True
@@ -317,7 +318,7 @@ def test_a_classification_manifest_is_format_1_unchanged():
         assert "dynamic_length" not in model
         assert not {"min_cosine", "min_mean_cosine", "min_top5"} & set(model["thresholds"])
     again = Manifest.from_json(data)
-    assert again.eval.task == "classification" and not again.eval.embedding
+    assert again.eval.task == "classification" and again.task is TASKS["classification"]
     assert again.texts is None and again.tokenizer is None and again.max_length is None
     # Saying "classification" is the same as saying nothing.
     data["eval"]["task"] = "classification"
@@ -397,7 +398,7 @@ def token_ids(samples: int = SAMPLES) -> np.ndarray:
 def test_check_embedding_eval_accepts_and_gives_float_neighbours():
     x, vectors = token_ids(), on_circle(FLOAT_6)
     data = check_embedding_eval(x, vectors, "eval.npz")
-    assert data.task == "embedding" and data.x is x
+    assert not data.labelled and data.x is x
     assert data.y.dtype == np.int64 and data.y.tolist() == [1, 0, 0, 4, 3, 4]
     assert data.probs.dtype == np.float32 and data.probs.shape == (6, 2)
     np.testing.assert_array_equal(data.probs, vectors.astype(np.float32))

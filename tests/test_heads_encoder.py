@@ -1,4 +1,5 @@
-"""Heads of a sentence encoder (keras_mha.heads.encoder), on a tiny random encoder.
+"""Heads of a sentence encoder (keras_mha.heads.encoder and its commands), on a tiny
+random encoder.
 
 Importance without labels (the Jacobian norm, single-head ablation), removal
 for real with per-layer head counts, the least-squares refit on real tokens,
@@ -21,9 +22,14 @@ from test_edge_embedding import tokenizer_json
 
 from edge_demo.errors import UsageError
 from keras_mha.heads import encoder as E
+from keras_mha.heads.encoder_commands import cmd_importance_embedding, cmd_prune_embedding
 from keras_mha.heads.importance import head_importance, rank_heads
+from keras_mha.heads.masks import all_heads_on, heads_per_layer
+from keras_mha.heads.statistics import spearman
+from keras_mha.model import count_params, encoder_blocks
 from keras_mha.pretrained.bert import build_encoder, encoder_forward
 from keras_mha.pretrained.config import BertConfig
+from keras_mha.pretrained.encoding import batches, embed
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIG = BertConfig(
@@ -62,7 +68,7 @@ def write_tiny_run(model, out: pathlib.Path):
         model,
         {"dataset": "corpus", "seed": 0, "config": CONFIG.to_dict(), "max_length": 16},
         ids,
-        E.embed(model, ids),
+        embed(model, ids),
         calibration,
         [f"sentence {i}" for i in range(len(ids))],
         tokenizer_json(),
@@ -77,24 +83,22 @@ def model():
 def test_batches_trim_padding_without_changing_vectors(model):
     ids = sentences()
     wide = np.concatenate([ids, np.zeros((len(ids), 4), "int32")], axis=1)
-    parts = E.batches(wide, batch_size=6)
+    parts = batches(wide, batch_size=6)
     assert sorted(np.concatenate([rows for rows, _ in parts]).tolist()) == list(range(len(ids)))
     for _, xb in parts:
         assert (xb[:, -1] != 0).any() and xb.shape[1] <= 12
-    np.testing.assert_allclose(
-        E.embed(model, wide, batch_size=6), np.asarray(model(ids)), atol=1e-6
-    )
+    np.testing.assert_allclose(embed(model, wide, batch_size=6), np.asarray(model(ids)), atol=1e-6)
 
 
 def test_pruned_encoder_equals_the_masked_one(model):
     ids = sentences()
     pruned, keep = E.prune_encoder(model, REMOVED, CONFIG)
-    assert keep == [[0, 2, 3], [1, 2]] and E.heads_per_layer(pruned) == [3, 2]
-    assert all(b.attention.d_k == 4 for b in E.encoder_blocks(pruned))
-    masked = E.embed(model, ids, E.removal_masks(model, REMOVED))
-    np.testing.assert_allclose(E.embed(pruned, ids), masked, atol=1e-5)
+    assert keep == [[0, 2, 3], [1, 2]] and heads_per_layer(pruned) == [3, 2]
+    assert all(b.attention.d_k == 4 for b in encoder_blocks(pruned))
+    masked = embed(model, ids, E.removal_masks(model, REMOVED))
+    np.testing.assert_allclose(embed(pruned, ids), masked, atol=1e-5)
     np.testing.assert_allclose(np.asarray(pruned(ids)), masked, atol=1e-5)
-    assert E.count_params(pruned) < E.count_params(model)
+    assert count_params(pruned) < count_params(model)
     with pytest.raises(UsageError, match="no head"):
         E.prune_encoder(model, [(0, h) for h in range(4)], CONFIG)
 
@@ -102,8 +106,8 @@ def test_pruned_encoder_equals_the_masked_one(model):
 def test_block_pieces_follow_the_model(model):
     """The refit's own forward pass (`_pieces`) is the model's, block by block."""
     ids = sentences()
-    blocks = E.encoder_blocks(model)
-    stems = [E._stem(model, xb) for _, xb in E.batches(ids, 7)]
+    blocks = encoder_blocks(model)
+    stems = [E._stem(model, xb) for _, xb in batches(ids, 7)]
     xs, masks = [x for x, _ in stems], [m for _, m in stems]
     for block in blocks:
         pieces, outs = E._pieces(block, xs, masks)
@@ -115,7 +119,7 @@ def test_block_pieces_follow_the_model(model):
         np.asarray(model.get_layer("normalize")(model.get_layer("pooling")(x, mask=m)))
         for x, m in zip(xs, masks)
     ]
-    rows = np.concatenate([r for r, _ in E.batches(ids, 7)])
+    rows = np.concatenate([r for r, _ in batches(ids, 7)])
     np.testing.assert_allclose(
         np.concatenate(pooled), np.asarray(encoder_forward(model, ids))[rows], atol=1e-5
     )
@@ -124,8 +128,8 @@ def test_block_pieces_follow_the_model(model):
 def test_refit_never_makes_its_rows_worse_and_uses_real_tokens_only(model):
     ids, held_out = sentences(40, seed=2), sentences(40, seed=3)
     pruned, _ = E.prune_encoder(model, REMOVED, CONFIG)
-    reference = E.embed(model, ids)
-    before = (E.embed(pruned, ids) * reference).sum(1).mean()
+    reference = embed(model, ids)
+    before = (embed(pruned, ids) * reference).sum(1).mean()
     report = E.reconstruct_encoder(model, pruned, ids, batch_size=16)
     assert [r["heads"] for r in report] == [3, 2]
     for entry in report:
@@ -133,25 +137,25 @@ def test_refit_never_makes_its_rows_worse_and_uses_real_tokens_only(model):
         for name in ("attention", "ffn"):
             fit = entry[name]
             assert fit["after"] <= fit["before"] * (1 + 1e-9) + 1e-9, (entry["layer"], name)
-    after = (E.embed(pruned, ids) * reference).sum(1).mean()
+    after = (embed(pruned, ids) * reference).sum(1).mean()
     assert after > before
     # Padding is not in the rows: more padding columns give the same refit.
     again, _ = E.prune_encoder(model, REMOVED, CONFIG)
     wide = np.concatenate([ids, np.zeros((len(ids), 3), "int32")], axis=1)
     E.reconstruct_encoder(model, again, wide, batch_size=16)
-    np.testing.assert_allclose(E.embed(again, held_out), E.embed(pruned, held_out), atol=1e-5)
+    np.testing.assert_allclose(embed(again, held_out), embed(pruned, held_out), atol=1e-5)
 
 
 def test_jacobian_importance_is_the_finite_difference_norm(model):
     ids = sentences(12)
     effects = E.head_effects(model, ids, "jacobian", batch_size=16, compiled=False)
     eps = 1e-2
-    for layer, h in enumerate(E.heads_per_layer(model)):
+    for layer, h in enumerate(heads_per_layer(model)):
         for head in range(h):
-            up, down = E.all_heads_on(model), E.all_heads_on(model)
+            up, down = all_heads_on(model), all_heads_on(model)
             up[layer][head] += eps
             down[layer][head] -= eps
-            diff = E.embed(model, ids, up).astype("float64") - E.embed(model, ids, down)
+            diff = embed(model, ids, up).astype("float64") - embed(model, ids, down)
             fd = np.linalg.norm(diff / (2 * eps), axis=1)
             assert fd.min() > 1e-3  # not zero at xi = 1, unlike |d(1 - cos)/d xi|
             np.testing.assert_allclose(effects[layer][head], fd, rtol=2e-3, atol=1e-5)
@@ -163,14 +167,14 @@ def test_jacobian_importance_is_the_finite_difference_norm(model):
 def test_ablation_is_one_minus_the_cosine_without_the_head(model):
     ids = sentences(12)
     scores = E.ablation_importance(model, ids, compiled=False)
-    reference = E.embed(model, ids).astype("float64")
+    reference = embed(model, ids).astype("float64")
     for layer, head in [(0, 2), (1, 1)]:
-        masks = E.all_heads_on(model)
+        masks = all_heads_on(model)
         masks[layer][head] = 0.0
-        cosine = (E.embed(model, ids, masks) * reference).sum(1)
+        cosine = (embed(model, ids, masks) * reference).sum(1)
         np.testing.assert_allclose(scores[layer][head], 1 - cosine.mean(), atol=1e-6)
     # The criteria agree on this model's ordering more than by chance.
-    assert E.spearman(scores, E.jacobian_importance(model, ids, compiled=False)) > 0.5
+    assert spearman(scores, E.jacobian_importance(model, ids, compiled=False)) > 0.5
 
 
 def test_a_head_with_a_zero_output_block_ranks_least_important():
@@ -185,7 +189,7 @@ def test_a_head_with_a_zero_output_block_ranks_least_important():
     assert rank_heads(ablation)[0] == (1, 2) and rank_heads(jacobian)[0] == (1, 2)
     assert abs(ablation[1][2]) < 1e-6 and jacobian[1][2] < 1e-6
     # Already masked heads score 0 and are never selected again.
-    masks = E.all_heads_on(model)
+    masks = all_heads_on(model)
     masks[0][0] = 0.0
     assert E.jacobian_importance(model, ids, masks, compiled=False)[0][0] == 0.0
 
@@ -197,7 +201,7 @@ def test_one_interface_for_classifiers_and_encoders(model):
     for a, b in zip(E.importance(classifier, x, y), head_importance(classifier, x, y)):
         np.testing.assert_allclose(a, b)
     with pytest.raises(UsageError, match="needs the labels"):
-        E.importance(classifier, x)
+        E.importance(classifier, x, kind="classifier")
     ids = sentences(6)
     scores = E.importance(model, ids)  # an encoder: no labels, the Jacobian norm
     assert [len(s) for s in scores] == [4, 4] and min(float(s.min()) for s in scores) > 0
@@ -211,7 +215,7 @@ def test_selection_keeps_a_head_in_every_layer():
     assert E.select_heads(scores, 0.5) == [(0, 0), (0, 1), (0, 2), (1, 3)]  # layer 0 keeps one
     with pytest.raises(UsageError, match="no head"):
         E.select_heads(scores, 0.9)
-    assert E.spearman([np.array([1, 2, 3])], [np.array([10, 20, 30])]) == pytest.approx(1.0)
+    assert spearman([np.array([1, 2, 3])], [np.array([10, 20, 30])]) == pytest.approx(1.0)
 
 
 def test_a_pruned_config_records_its_heads_per_layer():
@@ -244,7 +248,7 @@ def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path,
     from keras_mha.rundir.embedding import read_embedding_run
 
     source = write_tiny_run(model, tmp_path / "source")
-    assert E.cmd_importance_embedding(argparse.Namespace(run_dir=str(source.path))) == 0
+    assert cmd_importance_embedding(argparse.Namespace(run_dir=str(source.path))) == 0
     result = json.loads((source.path / "heads" / "importance.json").read_text())
     assert len(result["heads"]) == 8 and -1 <= result["spearman_importance_ablation"] <= 1
     assert (source.path / "heads" / "importance.png").stat().st_size > 1000
@@ -256,7 +260,7 @@ def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path,
         finetune_epochs=0,
         overwrite=False,
     )
-    assert E.cmd_prune_embedding(args) == 0
+    assert cmd_prune_embedding(args) == 0
     assert "removed 2/8 heads" in capsys.readouterr().out
     run = read_embedding_run(args.out)
     pruning = run.metrics["pruning"]
@@ -283,7 +287,7 @@ def test_the_commands_prune_a_run_that_reloads_in_a_new_process(model, tmp_path,
     assert pruning["params_after"] < pruning["params_before"]
     assert set(pruning["eval_reconstructed"]) == {"mean_cosine", "min_cosine", "top1", "top5"}
     with pytest.raises(UsageError, match="no labels"):
-        E.cmd_prune_embedding(argparse.Namespace(**{**vars(args), "finetune_epochs": 1}))
+        cmd_prune_embedding(argparse.Namespace(**{**vars(args), "finetune_epochs": 1}))
     script = (
         "import json, sys, numpy as np\n"
         "from keras_mha.rundir.embedding import read_embedding_run\n"

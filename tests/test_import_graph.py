@@ -335,3 +335,88 @@ def test_every_command_is_a_console_script_of_a_cli_module_the_error_policy_name
         and re.search(r"^def main\(", path.read_text(), re.MULTILINE)
     ]
     assert not mains, f"main() inside library modules: {mains}"
+
+
+# --- tasks: one object each, looked up by name in the registries alone -----------
+
+# Where a task's name may be written: the contract's tasks (one module each and
+# their registry) and the library's table of run readers.
+TASK_HOMES = ("edge_demo/contract/tasks/", "keras_mha/rundir/tasks.py")
+TASK_NAMES = {"classification", "embedding"}
+
+
+def task_branches(source: str, where: str = "<source>") -> list[tuple[int, str]]:
+    """The lines of `source` that tell tasks apart by name rather than ask the task:
+    a comparison (==, !=, in, is, match case) with a task's name, with the old
+    `embedding` flag or `task_of(...)`; `is_encoder(...)` (an encoder told by its
+    class name); and a test on an `embedding` flag (`if bundle.embedding`)."""
+    found = []
+
+    def names_a_task(node) -> bool:
+        return any(
+            (isinstance(n, ast.Constant) and n.value in TASK_NAMES)
+            or (isinstance(n, ast.Attribute) and n.attr == "embedding")
+            or (isinstance(n, ast.Call) and getattr(n.func, "id", None) == "task_of")
+            for n in ast.walk(node)
+        )
+
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.Compare) and names_a_task(node):
+            found.append((node.lineno, "compares with a task"))
+        elif isinstance(node, ast.match_case) and names_a_task(node.pattern):
+            found.append((node.pattern.lineno, "matches a task"))
+        elif isinstance(node, (ast.If, ast.IfExp, ast.While)) and any(
+            isinstance(n, ast.Attribute) and n.attr == "embedding" for n in ast.walk(node.test)
+        ):
+            found.append((node.lineno, "tests an embedding flag"))
+        elif isinstance(node, ast.Call) and "is_encoder" in (
+            getattr(node.func, "id", None),
+            getattr(node.func, "attr", None),
+        ):
+            found.append((node.lineno, "tells an encoder by its class"))
+    return sorted(set(found))
+
+
+def test_the_task_branch_finder_sees_the_old_branches():
+    old = (
+        'if task_of(run) == "embedding":\n    pass\n'
+        "x = 8 if loaded.embedding else 32\n"
+        'if spec.task == "classification":\n    pass\n'
+        "if is_encoder(model):\n    pass\n"
+        "match task:\n    case 'embedding':\n        pass\n"
+    )
+    assert [line for line, _ in task_branches(old)] == [1, 3, 4, 6, 9]
+    asked = "x = task.attention_samples\nif bundle.task.search:\n    pass\n"
+    assert task_branches(asked) == []
+
+
+def test_only_the_task_registries_tell_tasks_apart():
+    """Commands, export and the device ask the task (edge_demo/contract/tasks/);
+    none tests a task's name. Before the registry 36 lines did (issue 32 counted 33)."""
+    wrong = []
+    for folder in ("keras_mha", "export", "edge_demo", "benchmarks"):
+        for path in _python_files(REPO / folder):
+            where = str(path.relative_to(REPO))
+            if where.startswith(TASK_HOMES):
+                continue
+            for line, what in task_branches(path.read_text(), where):
+                wrong.append(f"{where}:{line} {what}")
+    assert not wrong, "ask the task instead (edge_demo/contract/tasks/):\n" + "\n".join(wrong)
+
+
+LAYER_MODULES = ("attention.py", "attention_args.py", "attention_masks.py",
+                 "attention_weights.py", "layers.py", "qat.py")  # fmt: skip
+
+
+def test_the_layer_imports_nothing_of_the_device_side():
+    """The layer (keras_mha's attention, blocks and quantization points) stands
+    alone: a Keras user copies it without the device app or the exporter."""
+    wrong = []
+    for name in LAYER_MODULES:
+        path = REPO / "keras_mha" / name
+        if not path.exists():
+            continue
+        for line, target, _ in imports_of(path.read_text(), f"keras_mha.{path.stem}", False):
+            if target.split(".")[0] in {TOP, "keras_mha_export", "export"}:
+                wrong.append(f"keras_mha/{name}:{line} imports {target}")
+    assert not wrong, "\n".join(wrong)

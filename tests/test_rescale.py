@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from test_heads_encoder import CONFIG, random_encoder, sentences, write_tiny_run
 
-from keras_mha.heads import encoder as E
+from keras_mha.model import encoder_blocks
 from keras_mha.pretrained import rescale as R
+from keras_mha.pretrained.encoding import embed
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -59,8 +60,8 @@ def test_the_planted_outliers_are_measured(planted):
 def test_rescaled_encoder_is_the_same_function_with_smaller_outliers(planted, alpha):
     calibration, ids = sentences(30, seed=7), sentences(20, seed=8)
     rescaled, before = R.rescale_encoder(planted, calibration, alpha=alpha, ffn_ratio=4.0)
-    np.testing.assert_allclose(E.embed(rescaled, ids), E.embed(planted, ids), atol=2e-5)
-    blocks = E.encoder_blocks(rescaled)
+    np.testing.assert_allclose(embed(rescaled, ids), embed(planted, ids), atol=2e-5)
+    blocks = encoder_blocks(rescaled)
     assert blocks[0].ffn_outliers >= 1 and blocks[0]._ffn_in.units == CONFIG.intermediate_size - (
         blocks[0].ffn_outliers
     )
@@ -100,7 +101,7 @@ def test_the_rescaled_run_reloads_in_a_new_process(planted, tmp_path):
     script = (
         "import json, sys, numpy as np\n"
         "from keras_mha.rundir.embedding import read_embedding_run\n"
-        "from keras_mha.heads.encoder import embed\n"
+        "from keras_mha.pretrained.encoding import embed\n"
         "run = read_embedding_run(sys.argv[1])\n"
         "got = embed(run.load_model(), run.eval.x)\n"
         "print(json.dumps(float(np.abs(got - run.eval.probs).max())))\n"

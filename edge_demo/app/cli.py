@@ -221,11 +221,13 @@ def _check_request(bundle, options: DemoOptions) -> None:
     from ..contract.files import check_output
     from .head_view import check_view_path
 
-    if bundle.embedding:
+    if bundle.task.search:  # --embed and --out: a search bundle's sentence vectors
         if options.out is not None:
             check_output(options.out, "--out", protected=bundle.root)
     elif options.embed is not None:
-        raise UsageError("needs an embedding bundle (manifest eval.task 'embedding')", "--embed")
+        raise UsageError(
+            f"needs a bundle that embeds sentences; this one is for {bundle.task.name}", "--embed"
+        )
     elif options.text is not None and bundle.vocab is None:
         raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
@@ -268,13 +270,13 @@ def run(options: DemoOptions) -> int:
         if bundle.manifest.models[mode].verified is False:
             print(f"note: manifest.json marks {mode} as not verified at export")
     plan = plan_modes(bundle, runtime)
-    if bundle.embedding and options.embed is not None:
+    if options.embed is not None:  # a search bundle (_check_request)
         from .search import run_embed
 
         return run_embed(bundle, runtime, options, plan)
     if options.view is not None:
         view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
-    if bundle.embedding and (options.text is not None or options.sample is not None):
+    if bundle.task.search and (options.text is not None or options.sample is not None):
         from .search import run_search
 
         (code, x), dropped = run_search(bundle, runtime, options, plan), ()

@@ -71,7 +71,7 @@ def write_view(
     """Run input `x` (one sample) through `mode` and write the page; returns notes printed."""
     entry = bundle.manifest.models[mode]
     check = entry.attention
-    if bundle.embedding:  # the sentence at its own length, as the device embeds it
+    if entry.dynamic_length:  # the sentence at its own length, as the device runs it
         x = x[: int(EdgeModel.own_lengths(x[None])[0])]
     model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
     try:
@@ -98,7 +98,7 @@ def write_view(
         if sample < bundle.attention[0].shape[0]:
             # the reference is at eval.npz's width; the page crops to the tokens
             reference = [layer[sample] for layer in bundle.attention]
-            reference_probs = None if bundle.embedding else bundle.eval.probs[sample]
+            reference_probs = bundle.eval.probs[sample] if bundle.task.labelled else None
         else:
             notes.append(
                 f"no float Keras reference: attention.npz holds eval samples "
@@ -110,8 +110,8 @@ def write_view(
             "eval sample with its reference, or keras-mha-heads view RUN_DIR)"
         )
     labels = list(bundle.labels)
-    if bundle.embedding:
-        probs = None  # a sentence vector: the page shows no prediction
+    if not bundle.task.labelled:
+        probs = None  # no classes (a sentence vector): the page shows no prediction
     coref = bundle.manifest.coref_head
     common = {
         "device": device,
@@ -121,13 +121,13 @@ def write_view(
         "reference_probs": reference_probs,
         "mode": mode,
         "notes": notes,
-        "true_label": None
-        if sample is None or bundle.embedding
-        else labels[int(bundle.eval.y[sample])],
+        "true_label": labels[int(bundle.eval.y[sample])]
+        if sample is not None and bundle.task.labelled
+        else None,
         "named_head": None if coref is None else (coref.layer, coref.head),
         "named_head_caption": None if coref is None else coref.caption(),
     }
-    if bundle.embedding:
+    if bundle.tokenizer is not None:  # the checkpoint's word pieces (texts.json's sentences)
         sentence = text if text is not None else bundle.texts[sample]
         typed = bundle.tokenizer.typed(sentence, x)
         if typed is None:  # not the sentence's own pieces: show the raw ones

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ..contract.attention_parity import share_cell
+from ..contract.tasks import DEFAULT, Task
 from ..runtimes.score import ModeResult
 from ..tables import format_table
 
@@ -51,23 +52,20 @@ _COLUMNS = [
 ]
 
 
-# An embedding bundle's columns in place of accuracy and agreement (parity.py).
-_EMBEDDING_COLUMNS = [
-    ("min cos", lambda r: _fmt(r.min_cosine, ".6f"), True),
-    ("mean cos", lambda r: _fmt(r.mean_cosine, ".6f"), True),
-    ("top-1", lambda r: _fmt(r.top1, ".3f"), True),
-    ("top-5", lambda r: _fmt(r.top5, ".3f"), True),
-    ("max|Δ|", lambda r: _fmt(r.max_abs_diff, ".2e"), True),
-]
-_CLASSIFIER_ONLY = ("accuracy", "agreement", "max|Δp|", "mean|Δp|")
+def _columns(task: Task) -> list:
+    """The task's own figures first (tasks/: `Task.columns`), then the classifier's
+    columns it has a figure for."""
+    own = [(c.header, _cell(c.field, c.fmt), c.narrow) for c in task.columns]
+    return own + [c for c in _COLUMNS if c[0] not in task.drops]
 
 
-def parity_table(results: list[ModeResult], wide: bool = False, embedding: bool = False) -> str:
+def _cell(field: str, fmt: str):
+    return lambda r: _fmt(getattr(r, field), fmt)
+
+
+def parity_table(results: list[ModeResult], wide: bool = False, task: Task = DEFAULT) -> str:
     """The per-mode parity table (`wide`: every column), then one line per skip or failure."""
-    columns = _COLUMNS
-    if embedding:
-        rest = [c for c in _COLUMNS if c[0] not in _CLASSIFIER_ONLY and "attn" not in c[0]]
-        columns = _EMBEDDING_COLUMNS + rest
+    columns = _columns(task)
     columns = [c for c in columns if wide or c[2]]
     headers = ["mode", "result", *(header for header, _, _ in columns)]
     rows, notes = [], []

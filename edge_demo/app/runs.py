@@ -69,11 +69,7 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
 def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
     m = bundle.manifest
     info = runtime.info()
-    what = (
-        f"{m.eval.num_classes}-dimensional sentence embeddings, up to {m.max_length} word pieces"
-        if m.eval.embedding
-        else f"{m.eval.num_classes} classes, float accuracy {m.eval.float_accuracy:.4f}"
-    )
+    what = m.task.describe(m.eval.num_classes, m.eval.float_accuracy, m.max_length)
     return (
         f"bundle   {shown(bundle.root)} (dataset {m.dataset or '?'}, {m.eval.samples} eval samples, "
         f"{what})\n"
@@ -89,7 +85,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         for mode, skipped in plan.items()
     ]
     print()
-    print(parity_table(results, wide=options.wide, embedding=bundle.embedding))
+    print(parity_table(results, wide=options.wide, task=bundle.task))
     ran = [r for r in results if r.status != "skipped"]
     failed = [r.mode for r in ran if not r.passed]
     skipped = len(results) - len(ran)

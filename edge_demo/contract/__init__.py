@@ -1,6 +1,8 @@
 """The bundle contract: the files a bundle holds and what each must be (docs/artifacts.md).
 
-What the exporter writes and the device reads, one definition each: `manifest`
+What the exporter writes and the device reads, one definition each: `tasks`
+(what a bundle is for, one module a task: its eval arrays, its own files,
+how a mode is judged and described; everyone asks the task), `manifest`
 and `entries` (manifest.json as dataclasses), `deploy` (a mode's deploy file),
 `tensors` (TensorSpec, the one quantize / dequantize), `parity` and
 `attention_parity` (figures, thresholds, the one threshold check), `attention`

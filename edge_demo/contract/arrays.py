@@ -53,7 +53,7 @@ class EvalData:
     x: np.ndarray  # (N, ...) model inputs
     y: np.ndarray  # (N,) int64 labels (an embedding model: each one's float nearest neighbour)
     probs: np.ndarray  # (N, C) float32 (an embedding model: the float unit vectors (N, d))
-    task: str = "classification"
+    labelled: bool = True  # y holds labels (an embedding model's: its neighbours)
 
     @property
     def num_classes(self) -> int:
@@ -61,8 +61,8 @@ class EvalData:
 
     @property
     def float_accuracy(self) -> float:
-        """Accuracy of the reference `probs` against `y` (NaN for an embedding model)."""
-        if self.task == "embedding":
+        """Accuracy of the reference `probs` against `y` (NaN without labels)."""
+        if not self.labelled:
             return math.nan
         return float((self.probs.argmax(-1) == self.y).mean())
 
@@ -311,7 +311,7 @@ def check_embedding_eval(x: np.ndarray, vectors: np.ndarray, where: str | os.Pat
     from .parity import nearest
 
     return EvalData(
-        x, nearest(vectors)[:, 0].astype(np.int64), vectors.astype(np.float32), "embedding"
+        x, nearest(vectors)[:, 0].astype(np.int64), vectors.astype(np.float32), labelled=False
     )
 
 

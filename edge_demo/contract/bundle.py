@@ -2,7 +2,7 @@
 
 Standard library and numpy. `open_bundle` reads `manifest.json` through
 `Manifest.read`, then every selected model (size, TFLite header, sha256),
-`eval.npz` (`arrays.check_eval`, then against the manifest), `labels.json`
+`eval.npz` (against the manifest, then its task's check), `labels.json`
 and `vocab.json` (`Vocab`). Every file must be a regular file inside the
 bundle: a symbolic link, or a path resolving elsewhere, is refused even when
 its sha256 matches. Whatever does not match raises `UsageError` naming the file.
@@ -28,8 +28,6 @@ from .arrays import (
     BUNDLE_MEMBER_BYTES,
     NPY_HEADER_BYTES,
     EvalData,
-    check_embedding_eval,
-    check_eval,
     read_npz,
 )
 from .attention import MAX_LAYER_VALUES, load_reference, output_name
@@ -38,6 +36,8 @@ from .fields import parse_json
 from .files import inside, read_inside, sha256_bytes, tflite_problem, write_bytes_atomic
 from .flatbuffer import index_problem
 from .manifest import MANIFEST, MODES, Manifest, ordered
+from .tasks import Task
+from .tasks import get as get_task
 from .vocab import MAX_VOCAB_BYTES, Vocab
 from .wordpiece import MAX_TOKENIZER_BYTES, WordPiece
 
@@ -64,8 +64,9 @@ class Bundle:
     tokenizer: WordPiece | None = None
 
     @property
-    def embedding(self) -> bool:
-        return self.manifest.eval.embedding
+    def task(self) -> Task:
+        """What the bundle is for (tasks/)."""
+        return self.manifest.task
 
     def path(self, name: str) -> pathlib.Path:
         """A file of the bundle, as messages name it."""
@@ -110,22 +111,19 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
 
 
 def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
-    """`eval.npz`: sha256, then `arrays.check_eval`, then the manifest's shape and dtype.
+    """`eval.npz`: sha256, the manifest's shape and dtype, then the task's check
+    (`Task.check_eval`: `arrays.check_eval` for a classifier).
 
-    Each array's inflated size is bounded by what the manifest declares (x by
-    its dtype, y and probs by the widest, 8 bytes) and, whatever it declares,
-    by `BUNDLE_MEMBER_BYTES` per array and `BUNDLE_ARCHIVE_BYTES` together.
-    The file itself may also hold arrays the device does not read (a pronouns
-    run's `text`, `cue`, `nouns`: the export copies the run's file), so its
-    size is bounded by the archive budget, not by the three arrays'."""
+    Each array's inflated size is bounded by what the manifest declares
+    (`Task.eval_arrays`: x by its dtype, the others by the widest, 8 bytes)
+    and, whatever it declares, by `BUNDLE_MEMBER_BYTES` per array and
+    `BUNDLE_ARCHIVE_BYTES` together. The file itself may also hold arrays the
+    device does not read (a pronouns run's `text`, `cue`, `nouns`: the export
+    copies the run's file), so its size is bounded by the archive budget, not
+    by the arrays read."""
     path = root / spec.file
-    output = "embeddings" if spec.embedding else "probs"
-    sizes = {
-        "x": math.prod(spec.x_shape) * _itemsize(spec.x_dtype),
-        output: spec.samples * spec.num_classes * 8,
-    }
-    if not spec.embedding:
-        sizes["y"] = spec.samples * 8
+    task = get_task(spec.task)
+    sizes = task.eval_arrays(spec)
     limits = {k: min(v + NPY_HEADER_BYTES, BUNDLE_MEMBER_BYTES) for k, v in sizes.items()}
     data = read_inside(root, spec.file, spec.sha256, max_bytes=BUNDLE_ARCHIVE_BYTES)
     arrays = read_npz(
@@ -143,23 +141,14 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
         )
     if x.dtype.name != spec.x_dtype:
         raise UsageError(f"x has dtype {x.dtype.name}, manifest.json says {spec.x_dtype}", path)
-    probs = arrays[output]
-    if probs.ndim != 2 or probs.shape[1:] != (spec.num_classes,):
+    outputs = arrays[task.output]
+    if outputs.ndim != 2 or outputs.shape[1:] != (spec.num_classes,):
         raise UsageError(
-            f"{output} must be float of shape [{spec.samples}, {spec.num_classes}], "
-            f"got {probs.dtype.name} {list(probs.shape)}",
+            f"{task.output} must be float of shape [{spec.samples}, {spec.num_classes}], "
+            f"got {outputs.dtype.name} {list(outputs.shape)}",
             path,
         )
-    if spec.embedding:
-        return check_embedding_eval(x, probs, path)
-    return check_eval(x, arrays["y"], probs, path)
-
-
-def _itemsize(dtype: str) -> int:
-    try:
-        return np.dtype(dtype).itemsize or 8
-    except TypeError:  # the manifest's dtype is checked elsewhere; bound it by the widest
-        return 8
+    return task.check_eval(arrays, path)
 
 
 def labels_json(labels: list[str] | tuple[str, ...]) -> bytes:

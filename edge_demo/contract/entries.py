@@ -24,9 +24,10 @@ from .tensors import TensorSpec
 class EvalSpec:
     """The manifest's `eval` entry: eval.npz and what its arrays must be.
 
-    `task` is "classification" (probabilities over `num_classes` classes) or
-    "embedding" (unit sentence vectors of `num_classes` dimensions; no labels,
-    so `float_accuracy` is None).
+    `task` names the bundle's task (tasks/: "classification", probabilities
+    over `num_classes` classes, or "embedding", unit sentence vectors of
+    `num_classes` dimensions with no labels, so `float_accuracy` is None).
+    The task writes the entry (`Task.eval_json`).
     """
 
     file: str
@@ -37,16 +38,6 @@ class EvalSpec:
     num_classes: int  # classes, or an embedding's dimensions
     float_accuracy: float | None
     task: str = "classification"
-
-    @property
-    def embedding(self) -> bool:
-        return self.task == "embedding"
-
-    def to_json(self) -> dict:
-        data = {**dataclasses.asdict(self), "x_shape": list(self.x_shape)}
-        if self.task == "classification":
-            del data["task"]  # format 1 as it was
-        return data
 
 
 @dataclasses.dataclass(frozen=True)

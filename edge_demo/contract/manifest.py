@@ -25,6 +25,8 @@ from .attention import AttentionReference, CorefHead, output_name
 from .entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from .fields import MAX_ELEMENTS, Fields, kind, parse_json
 from .files import read_inside, write_json_atomic
+from .tasks import Task
+from .tasks import get as get_task
 from .tensors import DTYPES
 
 FORMAT = "keras-mha-bundle"
@@ -38,10 +40,6 @@ MAX_MODES = 32
 MAX_MANIFEST_BYTES = 4 * 1024 * 1024  # an exporter's manifest is ~20 KB
 MAX_SAMPLES = 1_000_000
 MAX_CLASSES = 100_000
-TASKS = ("classification", "embedding")
-# Nearest neighbours compare every pair of eval sentences (N^2 / 2 dot products).
-MAX_EMBEDDING_SAMPLES = 50_000
-MAX_TOKENIZER_LENGTH = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +47,9 @@ class Manifest:
     """The whole `manifest.json`."""
 
     eval: EvalSpec
-    labels: FileRef | None  # a classifier's class names; None for an embedding model
-    vocab: FileRef | None
     models: dict[str, ModelEntry]
+    labels: FileRef | None = None  # a classifier's class names (tasks/classification.py)
+    vocab: FileRef | None = None  # a text classifier's vocabulary (vocab.json)
     format_version: int = FORMAT_VERSION
     created_by: dict[str, str] = dataclasses.field(default_factory=dict)
     created_at: str | None = None
@@ -70,6 +68,11 @@ class Manifest:
     coref_head: CorefHead | None = None
 
     @property
+    def task(self) -> Task:
+        """What the bundle is for (tasks/): it owns what differs between kinds of bundle."""
+        return get_task(self.eval.task)
+
+    @property
     def verified(self) -> list[str]:
         """Modes export verified, in table order."""
         return [m for m in ordered(self.models) if self.models[m].verified]
@@ -84,7 +87,7 @@ class Manifest:
             "created_by": dict(self.created_by),
             "created_at": self.created_at,
             "source_model": source,
-            "eval": self.eval.to_json(),
+            "eval": self.task.eval_json(self.eval),
             "labels": None if self.labels is None else self.labels.to_json(),
             "vocab": None if self.vocab is None else self.vocab.to_json(),
             **self._text_json(),
@@ -157,10 +160,10 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         )
     ev = fields.obj(data, "eval")
     x_shape = fields.shape(ev, "x_shape", "eval.")
-    task = fields.optional(ev, "task", str, "eval.")
-    task = "classification" if task is None else task
-    if task not in TASKS:
-        raise fields.fail("eval.task", f"must be one of {', '.join(TASKS)}, got {safe(task, 40)!r}")
+    try:
+        task = get_task(fields.optional(ev, "task", str, "eval."))
+    except ValueError as error:
+        raise fields.fail("eval.task", str(error)) from None
     evaluation = EvalSpec(
         file=fields.filename(ev, "file", "eval."),
         sha256=fields.sha256(ev, "sha256", "eval."),
@@ -168,20 +171,19 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         x_shape=x_shape,
         x_dtype=fields.string(ev, "x_dtype", "eval."),
         num_classes=fields.integer(ev, "num_classes", "eval.", minimum=2, maximum=MAX_CLASSES),
-        float_accuracy=None
-        if task == "embedding"
-        else fields.number(ev, "float_accuracy", "eval."),
-        task=task,
+        float_accuracy=task.read_accuracy(fields, ev),
+        task=task.name,
     )
     if evaluation.x_dtype not in DTYPES:
         raise fields.fail(
             "eval.x_dtype",
             f"must be one of {', '.join(DTYPES)}, got {safe(evaluation.x_dtype, 40)!r}",
         )
-    if task == "embedding" and evaluation.samples > MAX_EMBEDDING_SAMPLES:
+    if task.max_samples is not None and evaluation.samples > task.max_samples:
         raise fields.fail(
             "eval.samples",
-            f"is {evaluation.samples}; an embedding eval set has at most {MAX_EMBEDDING_SAMPLES}",
+            f"is {evaluation.samples}; an eval set of task {task.name!r} has at most "
+            f"{task.max_samples}",
         )
     if evaluation.samples * evaluation.num_classes > MAX_ELEMENTS:
         raise fields.fail("eval.num_classes", f"makes probs larger than {MAX_ELEMENTS} values")
@@ -193,23 +195,7 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         raise fields.fail(
             "eval.x_shape", f"must have a sample axis and input axes, got {list(x_shape)}"
         )
-    labels = texts = tokenizer = max_length = None
-    if task == "classification":
-        labels = FileRef.from_json(fields, data, "labels")
-    else:
-        texts = FileRef.from_json(fields, data, "texts")
-        tokenizer = FileRef.from_json(fields, data, "tokenizer")
-        max_length = fields.integer(
-            fields.obj(data, "tokenizer"),
-            "max_length",
-            "tokenizer.",
-            minimum=2,
-            maximum=MAX_TOKENIZER_LENGTH,
-        )
-        if len(x_shape) != 2 or x_shape[1] > max_length:
-            raise fields.fail(
-                "eval.x_shape", f"must be [samples, T] with T <= tokenizer.max_length {max_length}"
-            )
+    own = task.read_files(fields, data, evaluation)  # labels.json, or texts and tokenizer
     vocab = None if fields.get(data, "vocab") is None else FileRef.from_json(fields, data, "vocab")
     attention = None
     if data.get("attention") is not None:
@@ -245,7 +231,6 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
     dataset = source.get("dataset") if isinstance(source, dict) else None
     return Manifest(
         eval=evaluation,
-        labels=labels,
         vocab=vocab,
         models=entries,
         format_version=version,
@@ -270,9 +255,6 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
             )
             if failure is not None
         },
-        texts=texts,
-        tokenizer=tokenizer,
-        max_length=max_length,
         export_seconds=float(seconds)
         if isinstance(seconds, (int, float))
         and not isinstance(seconds, bool)
@@ -280,6 +262,7 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         else None,
         attention=attention,
         coref_head=coref_head,
+        **own,
     )
 
 

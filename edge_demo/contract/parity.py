@@ -1,8 +1,8 @@
 """Parity with the float Keras model, and the one threshold check.
 
-`measure(probs, y, reference)` gives a mode's figures on eval.npz (a
-classifier's probabilities; `task="embedding"`: sentence vectors, see
-`measure_embeddings`);
+`measure(probs, y, reference)` gives a classifier's figures on eval.npz,
+`measure_embeddings(vectors, reference)` an embedding model's (each task
+calls its own: tasks/);
 `Thresholds.failures(parity, float_accuracy)` says which thresholds it
 misses. Export's verification and the device's run call exactly these, so a
 mode export calls verified passes on the device by construction. A NaN (or
@@ -110,12 +110,8 @@ def measure_embeddings(vectors: np.ndarray, reference: np.ndarray) -> Parity:
     )
 
 
-def measure(
-    probs: np.ndarray, y: np.ndarray, reference: np.ndarray, task: str = "classification"
-) -> Parity:
+def measure(probs: np.ndarray, y: np.ndarray, reference: np.ndarray) -> Parity:
     """Figures of `probs (N, C)` against labels `y (N,)` and the float model's `reference`."""
-    if task == "embedding":
-        return measure_embeddings(probs, reference)
     probs = np.asarray(probs, np.float64)
     if not np.isfinite(probs).all():
         return Parity(math.nan, math.nan, math.nan, math.nan)
@@ -282,10 +278,8 @@ def embedding_thresholds(mode: str, samples: int) -> Thresholds:
     )
 
 
-def default_thresholds(mode: str, samples: int, task: str = "classification") -> Thresholds:
-    """The thresholds export writes for `mode` verified on `samples` eval samples."""
-    if task == "embedding":
-        return embedding_thresholds(mode, samples)
+def default_thresholds(mode: str, samples: int) -> Thresholds:
+    """The thresholds export writes for a classifier's `mode` verified on `samples` eval samples."""
     if mode in FLOAT_THRESHOLDS:
         return FLOAT_THRESHOLDS[mode]
     if mode in QUANTIZED_MODES:

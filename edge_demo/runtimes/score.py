@@ -19,7 +19,7 @@ from ..contract import attention_parity
 from ..contract.attention import output_name
 from ..contract.attention_parity import AttentionParity, AttentionThresholds
 from ..contract.bundle import Bundle
-from ..contract.parity import Parity, Thresholds, measure
+from ..contract.parity import Parity, Thresholds
 from ..errors import UsageError
 from .model import EdgeModel, InferenceError
 from .policy import runtime_content, runtime_entry, uses_deploy
@@ -201,7 +201,7 @@ def run_mode(
         model.close()
     probs = model.finish(raw)
     peak_mb, increase_mb = memory.peak_mb()
-    parity = measure(probs, evaluation.y, evaluation.probs, evaluation.task)
+    parity = bundle.task.measure(probs, evaluation)
     float_accuracy = bundle.manifest.eval.float_accuracy
     failures = entry.thresholds.failures(
         parity, math.nan if float_accuracy is None else float_accuracy

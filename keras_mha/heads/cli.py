@@ -30,7 +30,8 @@ For an embedding run (keras-mha-import): importance is the mean norm of the
 Jacobian of the sentence vector with respect to each head's gate, on the
 calibration sentences (single-head ablation as a cross-check); prune removes
 heads at once and refits W^O and the FFN outputs by least squares on the
-calibration sentences (keras_mha/heads/encoder.py; docs/pretrained.md).
+calibration sentences (keras_mha/heads/encoder.py, its commands in
+keras_mha/heads/encoder_commands.py; docs/pretrained.md).
 
 `coref` probes any model that reads words, a trained pronouns classifier or
 an encoder imported by keras-mha-import: on generated pronoun sentences

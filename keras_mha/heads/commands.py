@@ -38,10 +38,10 @@ def _heads_dir(run_dir: str) -> pathlib.Path:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
-    from keras_mha.rundir.embedding import task_of
+    from keras_mha.rundir.tasks import task_of
 
-    if task_of(args.run_dir) == "embedding":  # an imported encoder: no labels
-        from keras_mha.heads.encoder import cmd_importance_embedding
+    if not task_of(args.run_dir).labelled:  # no labels (an imported encoder): label-free
+        from keras_mha.heads.encoder_commands import cmd_importance_embedding
 
         return cmd_importance_embedding(args)
     run = read_run(args.run_dir)
@@ -138,10 +138,10 @@ def _check_prune_args(args: argparse.Namespace) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from keras_mha.rundir.embedding import task_of
+    from keras_mha.rundir.tasks import task_of
 
-    if task_of(args.run_dir) == "embedding":  # an imported encoder: refit, no fine-tune
-        from keras_mha.heads.encoder import cmd_prune_embedding
+    if not task_of(args.run_dir).labelled:  # no labels to fine-tune on: refit only
+        from keras_mha.heads.encoder_commands import cmd_prune_embedding
 
         return cmd_prune_embedding(args)
     _check_prune_args(args)
@@ -319,7 +319,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     or a classifier's vocab.json). The page names the best coreference head
     when RUN_DIR/heads/coref.json (keras-mha-heads coref) is for this model.
     """
-    from keras_mha.rundir.embedding import TASK, task_of
+    from keras_mha.rundir.tasks import read_any
 
     text = getattr(args, "text", None)
     if text is not None and args.sample is not None:
@@ -328,7 +328,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     name = "view_text.html" if text is not None else f"view_sample{sample}.html"
     default = pathlib.Path(args.run_dir) / HEADS_DIR / name
     out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")
-    if task_of(pathlib.Path(args.run_dir)) == TASK:
+    if getattr(read_any(args.run_dir), "tokenizer", None) is not None:  # word pieces
         data = _encoder_view(args.run_dir, sample, text)
     else:
         data = _classifier_view(args.run_dir, sample, text)
@@ -460,75 +460,6 @@ _BATCH = 64
 _LESSON_HEADS = 5  # the lesson sentence's line shows the best heads
 
 
-@dataclasses.dataclass
-class _TokenModel:
-    """A model that reads text: the pieces of a sentence and its attention per layer."""
-
-    kind: str  # "embedding" (an imported encoder) or "classification"
-    offsets: object  # text -> each token's (start, end) characters
-    attention: object  # texts -> (per sentence, per layer (h, T, T); predictions or None)
-    unknown: object  # text -> the words the tokenizer does not know
-    model_file: pathlib.Path  # the model.keras probed (its sha256 goes into the table)
-
-
-def _token_model(run_dir: str) -> _TokenModel:
-    """The imported encoder or a trained token classifier, whichever RUN_DIR holds."""
-    from keras import ops
-
-    from keras_mha.rundir.embedding import TASK, read_embedding_run, task_of
-
-    def per_sentence(weights) -> list[list[np.ndarray]]:
-        weights = [ops.convert_to_numpy(w) for w in weights]
-        return [[w[b] for w in weights] for b in range(len(weights[0]))]
-
-    if task_of(pathlib.Path(run_dir)) == TASK:
-        from keras_mha.pretrained.bert import encoder_forward
-
-        run = read_embedding_run(run_dir)
-        model = run.load_model()
-        pieces = run.tokenizer.tokenizer
-
-        def attention(texts):
-            ids, _ = run.tokenizer.encode(texts)
-            _, weights = encoder_forward(model, ids, return_attention=True)
-            return per_sentence(weights), None
-
-        def unknown(text):
-            encoding = pieces.encode(text)
-            return tuple(
-                text[s:e] for t, (s, e) in zip(encoding.tokens, encoding.offsets) if t == "[UNK]"
-            )
-
-        return _TokenModel(
-            TASK, lambda text: pieces.encode(text).offsets, attention, unknown, run.model_file
-        )
-
-    from keras_mha.heads.coref import word_offsets
-    from keras_mha.model import forward
-
-    run = read_run(run_dir)
-    if run.vocab is None:
-        raise UsageError(
-            "has no vocab.json: the coreference probe needs a model that reads words "
-            "(a pronouns run, or an encoder from keras-mha-import)",
-            run_dir,
-        )
-    vocab = run.vocab
-    model = run.load_model()
-
-    def attention(texts):
-        probs, weights = forward(model, vocab.encode(texts), return_attention_scores=True)
-        return per_sentence(weights), ops.convert_to_numpy(probs).argmax(-1)
-
-    return _TokenModel(
-        "classification",
-        lambda text: word_offsets(text, vocab.token_pattern, vocab.max_length),
-        attention,
-        lambda text: vocab.analyze(text).unknown,
-        run.model_file,
-    )
-
-
 def cmd_coref(args: argparse.Namespace) -> int:
     """Which heads look from the pronoun at its referent (keras_mha.heads.coref)."""
     from keras_mha.data import generate_pronouns
@@ -540,7 +471,7 @@ def cmd_coref(args: argparse.Namespace) -> int:
         out = check_writable(args.json, "--json")
     else:
         out = check_writable(pathlib.Path(args.run_dir) / coref.COREF_FILE, "RUN_DIR")
-    tm = _token_model(args.run_dir)
+    tm = coref.token_model(args.run_dir)
     texts, labels, cues, counts = generate_pronouns(args.sentences, args.seed)
     sentences = [coref.parse_sentence(*row) for row in zip(texts, labels.tolist(), cues.tolist())]
     assert [len(s.candidates) for s in sentences] == counts.tolist()  # the grammar's nouns

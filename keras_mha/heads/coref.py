@@ -12,8 +12,10 @@ closest before the pronoun), the first noun, and chance (1 / candidates,
 averaged). With two or three candidates and the referent at a random
 position, all three are near 0.4.
 
-Everything here is NumPy on arrays and character offsets; the commands
-(`keras_mha.heads.commands.cmd_coref`) run the models.
+The probe itself is NumPy on arrays and character offsets; `token_model`
+loads the model a run directory holds (an imported encoder or a classifier
+that reads words) as a `TokenModel`, its tokens' offsets and attention, and
+the command (`keras_mha.heads.commands.cmd_coref`) runs it.
 
     sentence = parse_sentence(text, label, cue)     # character spans of the words
     pronoun, nouns = token_spans(sentence, offsets)  # token spans in one tokenization
@@ -313,6 +315,79 @@ def probe(
     weights = [candidate_weights(a, p, c) for a, p, c in zip(attention, pronouns, candidates)]
     return score_weights(
         weights, pronouns, candidates, labels, cues, heads_per_layer, resamples, seed
+    )
+
+
+# ------------------------------------------------------------ the model probed
+@dataclasses.dataclass
+class TokenModel:
+    """A model that reads text: the pieces of a sentence and its attention per layer."""
+
+    kind: str  # the run's task: "embedding" (an imported encoder) or "classification"
+    offsets: object  # text -> each token's (start, end) characters
+    attention: object  # texts -> (per sentence, per layer (h, T, T); predictions or None)
+    unknown: object  # text -> the words the tokenizer does not know
+    model_file: pathlib.Path  # the model.keras probed (its sha256 goes into the table)
+
+
+def token_model(run_dir: str | os.PathLike) -> TokenModel:
+    """The model RUN_DIR holds, if it reads words: an imported encoder (its word pieces,
+    tokenizer.json) or a trained token classifier (its vocab.json)."""
+    from keras import ops
+
+    from keras_mha.rundir.tasks import read_any
+
+    def per_sentence(weights) -> list[list[np.ndarray]]:
+        weights = [ops.convert_to_numpy(w) for w in weights]
+        return [[w[b] for w in weights] for b in range(len(weights[0]))]
+
+    run = read_any(run_dir)
+    tokenizer = getattr(run, "tokenizer", None)
+    if tokenizer is not None:  # word pieces: an encoder from keras-mha-import
+        from keras_mha.pretrained.bert import encoder_forward
+
+        model = run.load_model()
+        pieces = tokenizer.tokenizer
+
+        def attention(texts):
+            ids, _ = tokenizer.encode(texts)
+            _, weights = encoder_forward(model, ids, return_attention=True)
+            return per_sentence(weights), None
+
+        def unknown(text):
+            encoding = pieces.encode(text)
+            return tuple(
+                text[s:e] for t, (s, e) in zip(encoding.tokens, encoding.offsets) if t == "[UNK]"
+            )
+
+        return TokenModel(
+            run.task.name,
+            lambda text: pieces.encode(text).offsets,
+            attention,
+            unknown,
+            run.model_file,
+        )
+    if run.vocab is None:
+        raise UsageError(
+            "has no vocab.json: the coreference probe needs a model that reads words "
+            "(a pronouns run, or an encoder from keras-mha-import)",
+            run_dir,
+        )
+    from keras_mha.model import forward
+
+    vocab = run.vocab
+    model = run.load_model()
+
+    def attention(texts):
+        probs, weights = forward(model, vocab.encode(texts), return_attention_scores=True)
+        return per_sentence(weights), ops.convert_to_numpy(probs).argmax(-1)
+
+    return TokenModel(
+        run.task.name,
+        lambda text: word_offsets(text, vocab.token_pattern, vocab.max_length),
+        attention,
+        lambda text: vocab.analyze(text).unknown,
+        run.model_file,
     )
 
 

@@ -1,4 +1,5 @@
-"""How sure a change in accuracy is: paired bootstrap on one test set; per-cue accuracy."""
+"""How sure a change in accuracy is (paired bootstrap on one test set); per-cue accuracy;
+Spearman's rank correlation of two head scorings."""
 
 from __future__ import annotations
 
@@ -41,3 +42,20 @@ def cue_accuracy(probs: np.ndarray, y: np.ndarray, cues) -> dict[str, float]:
     cues = np.asarray(cues).astype(str)
     correct = probs.argmax(-1) == y
     return {str(c): float(correct[cues == c].mean()) for c in sorted(set(cues.tolist()))}
+
+
+def spearman(a, b) -> float:
+    """Spearman's rank correlation of two score lists (per-layer arrays are flattened)."""
+    a = np.concatenate([np.ravel(v) for v in a]) if isinstance(a, list) else np.ravel(a)
+    b = np.concatenate([np.ravel(v) for v in b]) if isinstance(b, list) else np.ravel(b)
+
+    def ranks(v):
+        order = np.argsort(v, kind="stable")
+        r = np.empty(len(v))
+        r[order] = np.arange(len(v))
+        for value in np.unique(v):  # ties share their mean rank
+            tied = v == value
+            r[tied] = r[tied].mean()
+        return r
+
+    return float(np.corrcoef(ranks(a), ranks(b))[0, 1])

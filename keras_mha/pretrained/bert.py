@@ -2,26 +2,32 @@
 
     ids -> BertEmbeddings (word + position + token type 0, LayerNorm)
         -> transformer_layer_0 .. transformer_layer_{L-1}   (post-LN, GELU)
-        -> pooling (mean over the real tokens) -> L2 normalisation
+        -> pooling (the checkpoint's: mean over the real tokens, the first
+           token [CLS], or the max over the real tokens) -> L2 normalisation
 
 This is the model sentence-transformers runs for all-MiniLM-L6-v2 (6 layers,
-12 heads, d_model 384, d_k 32). Every block is the project's
+12 heads, d_model 384, d_k 32, mean pooling), and for BERT and DistilBERT
+checkpoints with other shapes and poolings (config.json's `model_type`:
+`NAMES` has each family's tensor names). Every block is the project's
 `TransformerEncoderBlock`, so its attention is `keras_mha.MultiHeadAttention`
 and head analysis, export and the device treat it as they treat the
-classifiers.
+classifiers. DistilBERT has no token types: its token type embedding is one
+row of zeros.
 
-Where the lesson's matrices come from (`load_weights`): Hugging Face stores a
-Linear as `(out, in)`. The query matrix `Q` of layer l is
-`encoder.layer.l.attention.self.query.weight`, so `W = Q.T` is
-`(d_model, h * d_k)` and head i's W_i^Q is its columns `i*d_k:(i+1)*d_k`
+Where the lesson's matrices come from (`checkpoint_weights`): Hugging Face
+stores a Linear as `(out, in)`. The query matrix `Q` of layer l (BERT's
+`encoder.layer.l.attention.self.query.weight`, DistilBERT's
+`transformer.layer.l.attention.q_lin.weight`), transposed, is `W = Q.T`,
+`(d_model, h * d_k)`, and head i's W_i^Q is its columns `i*d_k:(i+1)*d_k`
 (rows `i*d_k:(i+1)*d_k` of the checkpoint's matrix). Reshaping `W` to
 `(d_model, h, d_k)` is exactly our `query_kernel`, with `query_kernel[:, i, :]`
-= W_i^Q. Keys and values alike; W^O is `attention.output.dense.weight.T`
-reshaped to `(h, d_v, d_model)`, so `output_kernel[i]` reads head i.
+= W_i^Q. Keys and values alike; W^O (BERT's `attention.output.dense`,
+DistilBERT's `attention.out_lin`) transposed and reshaped to
+`(h, d_v, d_model)`, so `output_kernel[i]` reads head i.
 
-Token id 0 is BERT's [PAD]: the mask is `ids != 0`, as for the classifiers'
-`Embedding(mask_zero=True)`; padded keys get no attention and pooling skips
-padded positions.
+Token id 0 is [PAD] (both families): the mask is `ids != 0`, as for the
+classifiers' `Embedding(mask_zero=True)`; padded keys get no attention and
+pooling skips padded positions.
 """
 
 from __future__ import annotations
@@ -33,8 +39,18 @@ import numpy as np
 from keras import ops
 
 from edge_demo.errors import UsageError
-from keras_mha.layers import BertEmbeddings, L2Normalize, MaskedMeanPooling, TransformerEncoderBlock
+from keras_mha.layers import (
+    BertEmbeddings,
+    FirstTokenPooling,
+    L2Normalize,
+    MaskedMaxPooling,
+    MaskedMeanPooling,
+    TransformerEncoderBlock,
+)
 from keras_mha.pretrained.config import BertConfig
+
+# sentence-transformers' pooling modes (BertConfig.pooling) as our layers
+POOLING_LAYERS = {"mean": MaskedMeanPooling, "cls": FirstTokenPooling, "max": MaskedMaxPooling}
 
 
 def build_encoder(
@@ -47,7 +63,7 @@ def build_encoder(
     """The encoder as a Functional model `keras_mha_encoder`: ids (B, T) -> (B, d), unit norm.
 
     `sequence_length=None` accepts any length up to `max_positions`. A pruned
-    encoder (keras_mha/heads/encoder.py) has `heads_per_layer[l]` heads of
+    encoder (`encoding.build_pruned_encoder`) has `heads_per_layer[l]` heads of
     size `key_dim` in block l; the blocks keep both in their own config, so
     the saved model reloads as it is. Without the arguments, a config with
     `heads_per_layer` (a pruned run's metrics.json) gives those heads, each
@@ -77,19 +93,62 @@ def build_encoder(
             activation=config.activation,
             name=f"transformer_layer_{i}",
         )(x)
-    x = MaskedMeanPooling(name="pooling")(x)
+    x = POOLING_LAYERS[config.pooling](name="pooling")(x)  # the checkpoint's sentence vector
     x = L2Normalize(name="normalize")(x)
     return keras.Model(ids, x, name="keras_mha_encoder")
 
 
 # ------------------------------------------------------------------ weights
-def _prefix(names: set[str]) -> str:
-    """The checkpoint's prefix: "" (BertModel) or "bert." (a task model around it)."""
-    for prefix in ("", "bert."):
-        if f"{prefix}embeddings.word_embeddings.weight" in names:
+# Each family's checkpoint names (config.json's model_type). A Linear is
+# stored (out, in); `attention.query` of layer l, transposed, is W^Q =
+# (d_model, h * d_k), and head i's W_i^Q is its columns i*d_k:(i+1)*d_k, so
+# reshaping it to (d_model, h, d_k) is our `query_kernel` with
+# `query_kernel[:, i, :]` = W_i^Q (`head_kernel` below), the same for every
+# family: BERT's `attention.self.query`, DistilBERT's `attention.q_lin`.
+NAMES = {
+    "bert": {
+        "prefixes": ("", "bert."),
+        "word": "embeddings.word_embeddings.weight",
+        "position": "embeddings.position_embeddings.weight",
+        "token_type": "embeddings.token_type_embeddings.weight",
+        "embedding_norm": "embeddings.LayerNorm",
+        "layer": "encoder.layer.{}.",
+        "query": "attention.self.query",
+        "key": "attention.self.key",
+        "value": "attention.self.value",
+        "output": "attention.output.dense",
+        "attention_norm": "attention.output.LayerNorm",
+        "ffn_in": "intermediate.dense",
+        "ffn_out": "output.dense",
+        "ffn_norm": "output.LayerNorm",
+    },
+    "distilbert": {
+        "prefixes": ("", "distilbert."),
+        "word": "embeddings.word_embeddings.weight",
+        "position": "embeddings.position_embeddings.weight",
+        "token_type": None,  # no token types: BertEmbeddings adds a zero type embedding
+        "embedding_norm": "embeddings.LayerNorm",
+        "layer": "transformer.layer.{}.",
+        "query": "attention.q_lin",
+        "key": "attention.k_lin",
+        "value": "attention.v_lin",
+        "output": "attention.out_lin",
+        "attention_norm": "sa_layer_norm",
+        "ffn_in": "ffn.lin1",
+        "ffn_out": "ffn.lin2",
+        "ffn_norm": "output_layer_norm",
+    },
+}
+
+
+def _prefix(names: set[str], family: dict) -> str:
+    """The checkpoint's prefix: "" (the bare model) or "bert." (a model around it)."""
+    for prefix in family["prefixes"]:
+        if prefix + family["word"] in names:
             return prefix
     raise UsageError(
-        "has no embeddings.word_embeddings.weight; expected a BERT checkpoint", "model.safetensors"
+        f"has no {family['word']}; expected a checkpoint of config.json's model_type",
+        "model.safetensors",
     )
 
 
@@ -97,9 +156,10 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
     """Hugging Face tensors -> our layers' weights, every shape checked.
 
     Returns {"embedding": [...], "transformer_layer_i": {...}} in our layout
-    (see the module docstring for W_i^Q).
+    (see NAMES for W_i^Q).
     """
-    p = _prefix(set(tensors))
+    names = NAMES[config.family]
+    p = _prefix(set(tensors), names)
     d, h, dk, f = config.hidden_size, config.num_heads, config.key_dim, config.intermediate_size
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -114,48 +174,44 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
             )
         return value
 
+    types = (config.type_vocab_size, d)
     out: dict[str, Any] = {
         "embedding": [
-            get("embeddings.word_embeddings.weight", (config.vocab_size, d)),
-            get("embeddings.position_embeddings.weight", (config.max_positions, d)),
-            get("embeddings.token_type_embeddings.weight", (config.type_vocab_size, d)),
-            get("embeddings.LayerNorm.weight", (d,)),
-            get("embeddings.LayerNorm.bias", (d,)),
+            get(names["word"], (config.vocab_size, d)),
+            get(names["position"], (config.max_positions, d)),
+            np.zeros(types, np.float32)
+            if names["token_type"] is None
+            else get(names["token_type"], types),
+            get(names["embedding_norm"] + ".weight", (d,)),
+            get(names["embedding_norm"] + ".bias", (d,)),
         ]
     }
     for layer in range(config.num_layers):
-        at = f"encoder.layer.{layer}."
+        at = names["layer"].format(layer)
 
-        def head_kernel(name: str, at: str = at) -> tuple[np.ndarray, np.ndarray]:
-            weight = get(at + f"attention.self.{name}.weight", (d, d))  # (out, in)
-            bias = get(at + f"attention.self.{name}.bias", (d,))
-            # W = weight.T, (d_model, h * d_k); head i's W_i = W[:, i*d_k:(i+1)*d_k].
-            return weight.T.reshape(d, h, dk), bias.reshape(h, dk)
+        def dense(name: str, shape: tuple[int, int], at: str = at) -> tuple[np.ndarray, np.ndarray]:
+            """A Linear's (weight.T, bias): weight is stored (out, in)."""
+            return get(at + names[name] + ".weight", shape).T, get(
+                at + names[name] + ".bias", shape[:1]
+            )
 
+        def head_kernel(name: str) -> tuple[np.ndarray, np.ndarray]:
+            weight, bias = dense(name, (d, d))  # W = weight.T, (d_model, h * d_k)
+            return weight.reshape(d, h, dk), bias.reshape(h, dk)  # W_i = W[:, i*d_k:(i+1)*d_k]
+
+        def norm(name: str, at: str = at) -> tuple[np.ndarray, np.ndarray]:
+            return get(at + names[name] + ".weight", (d,)), get(at + names[name] + ".bias", (d,))
+
+        w_o, b_o = dense("output", (d, d))
         out[f"transformer_layer_{layer}"] = {
             "query": head_kernel("query"),
             "key": head_kernel("key"),
             "value": head_kernel("value"),
-            "output": (
-                get(at + "attention.output.dense.weight", (d, d)).T.reshape(h, dk, d),  # W^O
-                get(at + "attention.output.dense.bias", (d,)),
-            ),
-            "attention_norm": (
-                get(at + "attention.output.LayerNorm.weight", (d,)),
-                get(at + "attention.output.LayerNorm.bias", (d,)),
-            ),
-            "ffn_in": (
-                get(at + "intermediate.dense.weight", (f, d)).T,
-                get(at + "intermediate.dense.bias", (f,)),
-            ),
-            "ffn_out": (
-                get(at + "output.dense.weight", (d, f)).T,
-                get(at + "output.dense.bias", (d,)),
-            ),
-            "ffn_norm": (
-                get(at + "output.LayerNorm.weight", (d,)),
-                get(at + "output.LayerNorm.bias", (d,)),
-            ),
+            "output": (w_o.reshape(h, dk, d), b_o),  # W^O; output_kernel[i] reads head i
+            "attention_norm": norm("attention_norm"),
+            "ffn_in": dense("ffn_in", (f, d)),
+            "ffn_out": dense("ffn_out", (d, f)),
+            "ffn_norm": norm("ffn_norm"),
         }
     return out
 

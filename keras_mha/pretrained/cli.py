@@ -158,12 +158,13 @@ def rescale_main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_rescale_parser().parse_args(argv)
         from keras_mha.quiet import import_tensorflow
-        from keras_mha.rundir.embedding import check_embedding_run
+        from keras_mha.rundir.embedding import TASK
+        from keras_mha.rundir.tasks import require
         from keras_mha.rundir.writing import check_out
 
         if not 0.0 <= args.alpha <= 1.0:
             raise UsageError(f"must be in [0, 1]; got {args.alpha}", "--alpha")
-        check_embedding_run(args.run_dir, "only an encoder's residual stream is rescaled")
+        require(args.run_dir, TASK, "only an encoder's residual stream is rescaled")
         check_out(args.out, args.overwrite)
         import_tensorflow()
         rescale.rescale_run(args.run_dir, args.out, args.alpha, args.ffn_ratio, args.overwrite)

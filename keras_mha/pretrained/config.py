@@ -13,7 +13,40 @@ from typing import Any
 
 from edge_demo.errors import UsageError, safe
 
-MODEL_TYPES = ("bert",)
+# Each family: Hugging Face's config.json keys for ours, and the architectures
+# whose encoder the import keeps. A bare encoder, or one with a pretraining
+# head (masked LM) that a sentence encoder never used: a task head (a
+# classifier's labels, a span or token head) would be dropped, so it is refused.
+FAMILIES = {
+    "bert": {
+        "keys": {
+            "vocab_size": "vocab_size",
+            "hidden_size": "hidden_size",
+            "num_layers": "num_hidden_layers",
+            "num_heads": "num_attention_heads",
+            "intermediate_size": "intermediate_size",
+            "max_positions": "max_position_embeddings",
+        },
+        "activation": "hidden_act",
+        "type_vocab_size": 2,  # when config.json does not say
+        "architectures": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
+    },
+    "distilbert": {
+        "keys": {
+            "vocab_size": "vocab_size",
+            "hidden_size": "dim",
+            "num_layers": "n_layers",
+            "num_heads": "n_heads",
+            "intermediate_size": "hidden_dim",
+            "max_positions": "max_position_embeddings",
+        },
+        "activation": "activation",
+        "type_vocab_size": 1,  # no token types: one type whose embedding is zero
+        "architectures": ("DistilBertModel", "DistilBertForMaskedLM"),
+    },
+}
+MODEL_TYPES = tuple(FAMILIES)
+POOLINGS = ("mean", "cls", "max")  # sentence-transformers' pooling modes we build
 # Hugging Face's activation names and ours (TransformerEncoderBlock).
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 ACTIVATIONS["relu"] = "relu"
@@ -33,6 +66,8 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     activation: str = "gelu"  # ours: "gelu" (erf), "gelu_tanh", "relu"
     pad_token_id: int = 0
+    family: str = "bert"  # config.json's model_type: which checkpoint names the weights have
+    pooling: str = "mean"  # the sentence vector: mean of the tokens, the first ([CLS]), or max
     # A pruned encoder (keras-mha-heads prune): the heads left in each layer,
     # each of size `key_dim` (d_model / num_heads, the unpruned model's). None:
     # `num_heads` in every layer, and the key is not written.
@@ -51,6 +86,9 @@ class BertConfig:
 
     def to_dict(self) -> dict:
         data = dataclasses.asdict(self)
+        for name, default in (("family", "bert"), ("pooling", "mean")):
+            if data[name] == default:
+                del data[name]  # a MiniLM run's config as it always was
         if self.heads_per_layer is None:
             del data["heads_per_layer"]  # an unpruned config as it always was
         else:
@@ -78,43 +116,41 @@ class BertConfig:
         if not isinstance(data, dict):
             raise UsageError("expected a JSON object", where)
         kind = data.get("model_type")
-        if kind not in MODEL_TYPES:
+        if kind not in FAMILIES:
             raise UsageError(
-                f"model_type {kind!r} is not supported; expected one of {MODEL_TYPES} "
-                "(BERT-family encoders with absolute positions)",
+                f"model_type {safe(repr(kind), 40)} is not supported; expected one of "
+                f"{', '.join(MODEL_TYPES)} (BERT-family encoders with absolute positions)",
                 where,
             )
+        family = FAMILIES[kind]
+        _check_architectures(data.get("architectures"), family["architectures"], where)
         position = data.get("position_embedding_type", "absolute")
         if position != "absolute":
             raise UsageError(
                 f"position_embedding_type {position!r} is not supported; expected 'absolute'",
                 where,
             )
-        act = data.get("hidden_act", "gelu")
+        act = data.get(family["activation"], "gelu")
         if act not in ACTIVATIONS:
             raise UsageError(
-                f"hidden_act {act!r} is not supported; expected one of {sorted(ACTIVATIONS)}",
+                f"{family['activation']} {act!r} is not supported; expected one of "
+                f"{sorted(ACTIVATIONS)}",
                 where,
             )
         if data.get("is_decoder") or data.get("add_cross_attention"):
             raise UsageError("a decoder is not supported; expected an encoder", where)
-        keys = {
-            "vocab_size": "vocab_size",
-            "hidden_size": "hidden_size",
-            "num_layers": "num_hidden_layers",
-            "num_heads": "num_attention_heads",
-            "intermediate_size": "intermediate_size",
-            "max_positions": "max_position_embeddings",
-        }
+        keys = family["keys"]
         missing = [hf for hf in keys.values() if hf not in data]
         if missing:
             raise UsageError(f"missing {', '.join(missing)}", where)
         config = cls(
             **{ours: data[hf] for ours, hf in keys.items()},
-            type_vocab_size=data.get("type_vocab_size", 2),
+            type_vocab_size=data.get("type_vocab_size", family["type_vocab_size"]),
+            # DistilBERT's LayerNorms are nn.LayerNorm(dim, eps=1e-12), not in its config
             layer_norm_eps=data.get("layer_norm_eps", 1e-12),
             activation=ACTIVATIONS[act],
             pad_token_id=data.get("pad_token_id", 0),
+            family=kind,
         )
         config.validate(where)
         return config
@@ -141,6 +177,10 @@ class BertConfig:
         eps = self.layer_norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
             raise UsageError(f"layer_norm_eps must be in (0, 1), got {eps!r}", where)
+        if self.family not in FAMILIES:
+            raise UsageError(f"family {self.family!r} is not one of {MODEL_TYPES}", where)
+        if self.pooling not in POOLINGS:
+            raise UsageError(f"pooling {self.pooling!r} is not one of {POOLINGS}", where)
         if self.activation not in ACTIVATIONS.values():
             raise UsageError(f"activation {self.activation!r} is not supported", where)
         if self.pad_token_id != 0:
@@ -163,6 +203,22 @@ class BertConfig:
                 f"{self.num_heads} (one per layer), got {safe(repr(heads), 80)}",
                 where,
             )
+
+
+def _check_architectures(names: object, kept: tuple[str, ...], where: Any) -> None:
+    """config.json's `architectures` must be ones whose encoder the import keeps."""
+    if names is None:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise UsageError("architectures must be a list of class names", where)
+    dropped = [n for n in names if n not in kept]
+    if dropped:
+        raise UsageError(
+            f"architecture {safe(dropped[0], 60)} is not imported: keras-mha-import builds a "
+            f"sentence encoder (from {', '.join(kept)}) and would drop its task head "
+            "(a classifier's labels are not kept)",
+            where,
+        )
 
 
 def read_hf_config(path: pathlib.Path) -> BertConfig:

@@ -10,6 +10,11 @@ request by `Run.load_model()`). `RunWriter` validates the same way before it
 writes anything, builds the directory beside its target and renames it into
 place, so a run that fails (or is interrupted) leaves nothing half-written.
 
+A run is of a task (metrics.json's `task`; absent: classification):
+`tasks.read_any(path)` reads it with its task's reader (`reading.read_run`,
+`embedding.read_embedding_run`), whose object gives export the same fields
+for every task (`task`, `eval_data`, `bundle_files()`, ...).
+
 Every problem is a `UsageError` (a `ValueError`) with one line naming the
 file, the array or field, and what is wrong. The array checks the device
 makes too (probabilities, finite inputs) are `edge_demo.contract.arrays`'s.

@@ -32,11 +32,14 @@ from edge_demo.contract import arrays
 from edge_demo.contract.arrays import EvalData, check_embedding_eval
 from edge_demo.contract.bundle import parse_texts, texts_json
 from edge_demo.contract.files import staging_dir, swap_into_place
+from edge_demo.contract.tasks import get as get_task
+from edge_demo.contract.tasks.embedding import Embedding
 from edge_demo.contract.wordpiece import WordPiece
 from edge_demo.errors import UsageError
+from keras_mha.rundir.tasks import check_task
 from keras_mha.rundir.writing import check_out
 
-TASK = "embedding"
+TASK = get_task(Embedding.name)  # the contract's task of these runs and their bundles
 FILES = (
     "model.keras",
     "metrics.json",
@@ -45,27 +48,6 @@ FILES = (
     "texts.json",
     "tokenizer.json",
 )
-
-
-def task_of(run: pathlib.Path) -> str:
-    """metrics.json's `task` ("classification" when absent or unreadable: read_run says why)."""
-    try:
-        metrics = json.loads((pathlib.Path(run) / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "classification"
-    task = metrics.get("task") if isinstance(metrics, dict) else None
-    return task if isinstance(task, str) else "classification"
-
-
-def check_embedding_run(run: str | os.PathLike, classifier_hint: str) -> None:
-    """Before anything heavy is imported: `run` must be an embedding run directory
-    (metrics.json with task "embedding"); a UsageError naming it otherwise, with
-    `classifier_hint` (what a classification run takes instead) for one."""
-    run = pathlib.Path(run)
-    if not (run / "metrics.json").is_file():
-        raise UsageError("not a run directory (no metrics.json)", run)
-    if task_of(run) != "embedding":
-        raise UsageError(f"a classification run; {classifier_hint}", run)
 
 
 @dataclasses.dataclass
@@ -79,9 +61,24 @@ class EmbeddingRun:
     texts: tuple[str, ...]
     tokenizer: WordPiece
 
+    task = TASK
+    vocab = None  # word pieces come from tokenizer.json
+
     @property
     def dataset(self) -> str:
         return str(self.metrics.get("dataset", "corpus"))
+
+    @property
+    def eval_data(self) -> EvalData:
+        return self.eval
+
+    def bundle_files(self) -> dict[str, tuple[str, bytes]]:
+        """The files a bundle of this run holds besides the models and eval.npz:
+        Manifest field -> (file name, bytes)."""
+        return {
+            "texts": ("texts.json", texts_json(self.texts)),
+            "tokenizer": ("tokenizer.json", (self.path / "tokenizer.json").read_bytes()),
+        }
 
     @property
     def model_file(self) -> pathlib.Path:
@@ -123,8 +120,7 @@ class EmbeddingRun:
 def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
     from keras_mha.pretrained.config import BertConfig
 
-    if not isinstance(metrics, dict) or metrics.get("task") != TASK:
-        raise UsageError("expected task 'embedding'", run / "metrics.json")
+    check_task(metrics, TASK, run / "metrics.json")
     config = BertConfig.from_dict(metrics.get("config"), run / "metrics.json")
     max_length = metrics.get("max_length")
     if not isinstance(max_length, int) or not 2 <= max_length <= config.max_positions:
@@ -188,7 +184,7 @@ def write_embedding_run(
     """Check everything as `read_embedding_run` would, then write the run whole
     (with `extra` files: name -> bytes, e.g. keras_mha.qat's ranges.json)."""
     out = check_out(out, overwrite)
-    metrics = {**metrics, "task": TASK}
+    metrics = {**metrics, "task": TASK.name}
     run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes)
     staging = staging_dir(out)
     try:

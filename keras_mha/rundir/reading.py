@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_demo.contract import arrays
+from edge_demo.contract.arrays import EvalData
+from edge_demo.contract.bundle import labels_json
+from edge_demo.contract.tasks import get as get_task
+from edge_demo.contract.tasks.classification import Classification
 from edge_demo.contract.vocab import Vocab
 from edge_demo.errors import UsageError, one_line
 from keras_mha.rundir.checks import (
@@ -61,9 +65,23 @@ class Run:
     labels: list[str]
     vocab: Any = None  # the Vocab of text datasets, else None
 
+    task = get_task(Classification.name)  # the contract's task of these runs and their bundles
+    max_length = None  # a text run's length is its vocab's
+
     @property
     def dataset(self) -> str:
         return str(self.metrics["dataset"])
+
+    @property
+    def eval_data(self) -> EvalData:
+        """eval.npz as the bundle contract holds it."""
+        ev = self.eval
+        return EvalData(ev.x, ev.y.astype(np.int64), ev.probs.astype(np.float32))
+
+    def bundle_files(self) -> dict[str, tuple[str, bytes]]:
+        """The files a bundle of this run holds besides the models and eval.npz:
+        Manifest field -> (file name, bytes)."""
+        return {"labels": ("labels.json", labels_json(self.labels))}
 
     @property
     def seed(self) -> int:

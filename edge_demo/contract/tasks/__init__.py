@@ -1,0 +1,31 @@
+"""The tasks a bundle can be for, one module each, and their registry.
+
+    base.py            the `Task` interface (what a task owns) and `Column`
+    classification.py  class probabilities; labels; the top-1 rule
+    embedding.py       unit sentence vectors; cosine and nearest neighbours
+
+`get(name)` is the one place a task's name is looked up: manifest.json's
+`eval.task` (absent: classification, as format 1 wrote it) and a run
+directory's metrics.json `task`. Everything else asks the `Task` it gets.
+"""
+
+from __future__ import annotations
+
+from .base import Column, Task
+from .classification import Classification
+from .embedding import Embedding
+
+TASKS: dict[str, Task] = {task.name: task for task in (Classification(), Embedding())}
+DEFAULT: Task = next(iter(TASKS.values()))  # what a manifest or run without `task` holds
+
+__all__ = ["DEFAULT", "TASKS", "Column", "Task", "get"]
+
+
+def get(name: str | None) -> Task:
+    """The task called `name` (None: `DEFAULT`); ValueError naming the known ones."""
+    if name is None:
+        return DEFAULT
+    task = TASKS.get(name) if isinstance(name, str) else None
+    if task is None:
+        raise ValueError(f"must be one of {', '.join(TASKS)}, got {str(name)[:40]!r}")
+    return task

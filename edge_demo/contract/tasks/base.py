@@ -1,0 +1,117 @@
+"""The task interface: what one kind of bundle owns, in one object.
+
+A task is what a model is for: `classification` (class probabilities,
+labels) or `embedding` (unit sentence vectors, nearest neighbours). It owns
+everything that differs between kinds of bundle:
+
+- what eval.npz holds (`output`, `eval_arrays`, `check_eval`) and whether
+  the data has labels (`labelled`: y, labels.json, a float accuracy);
+- what manifest.json adds for it (`read_files`, `eval_json`);
+- how a mode is judged against the float model (`measure`) and with which
+  thresholds (`thresholds`);
+- how it is described and reported (`describe`, `figures`, `columns`, `drops`);
+- how its models run (`dynamic_length`, `attention_samples`) and what the
+  device does with one input (`search`: nearest eval sentences, else a
+  prediction).
+
+Export, the device and the library ask the task; none of them tests a
+task's name (tests/test_import_graph.py counts). A new task is one module
+beside these, registered in `__init__.py`, plus its tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import ClassVar
+
+import numpy as np
+
+from ..arrays import EvalData
+from ..entries import EvalSpec, FileRef
+from ..fields import Fields
+from ..parity import Parity, Thresholds
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """A figure of the device's parity table: header, `Parity` field, format, shown unless --wide."""
+
+    header: str
+    field: str
+    fmt: str
+    narrow: bool = True
+
+
+class Task:
+    """One kind of bundle. Subclasses set the class attributes and the methods below."""
+
+    name: ClassVar[str]
+    output: ClassVar[str]  # eval.npz's array of the float model's outputs
+    labelled: ClassVar[bool]  # eval.npz has labels y; the bundle has labels.json
+    search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
+    dynamic_length: ClassVar[bool] = False  # each input runs at its own length (no TFLM file)
+    attention_samples: ClassVar[int]  # eval samples attention.npz holds
+    max_samples: ClassVar[int | None] = None  # eval samples at most, if the task bounds them
+    columns: ClassVar[tuple[Column, ...]] = ()  # the device table's figures of this task
+    drops: ClassVar[tuple[str, ...]] = ()  # the classifier's columns it has no figure for
+    summary: ClassVar[tuple[Column, ...]]  # its figures in export's summary table
+
+    # --- eval.npz ----------------------------------------------------------------
+    def eval_arrays(self, spec: EvalSpec) -> dict[str, int]:
+        """The arrays the device reads from eval.npz, each with the bytes it may hold."""
+        return {
+            "x": math.prod(spec.x_shape) * _itemsize(spec.x_dtype),
+            self.output: spec.samples * spec.num_classes * 8,
+        }
+
+    def check_eval(self, arrays: dict[str, np.ndarray], where: str | os.PathLike) -> EvalData:
+        """eval.npz's arrays, checked together (UsageError naming `where`)."""
+        raise NotImplementedError
+
+    # --- manifest.json ------------------------------------------------------------
+    def read_accuracy(self, fields: Fields, ev: dict) -> float | None:
+        """The manifest's `eval.float_accuracy` (None: the task has no labels)."""
+        return None
+
+    def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
+        """The manifest's entries of this task's own files, as `Manifest` fields."""
+        return {}
+
+    def eval_json(self, spec: EvalSpec) -> dict:
+        """The manifest's `eval` entry."""
+        return {**dataclasses.asdict(spec), "x_shape": list(spec.x_shape)}
+
+    def float_accuracy(self, evaluation: EvalData) -> float | None:
+        """What the manifest records as the float model's accuracy (None: no labels)."""
+        return None
+
+    # --- parity -------------------------------------------------------------------
+    def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
+        """A mode's figures: its outputs on eval.npz against the float model's."""
+        raise NotImplementedError
+
+    def thresholds(self, mode: str, samples: int) -> Thresholds:
+        """What export writes into `mode`'s entry, verified on `samples` eval samples."""
+        raise NotImplementedError
+
+    # --- words --------------------------------------------------------------------
+    def describe(self, num_classes: int, float_accuracy: float | None, max_length: int | None):
+        """What the model gives, for a header line."""
+        raise NotImplementedError
+
+    def figures(self, parity: Parity, float_accuracy: float | None) -> str:
+        """A mode's figures on one line (export's log)."""
+        raise NotImplementedError
+
+
+def file_ref(fields: Fields, data: dict, key: str) -> FileRef:
+    return FileRef.from_json(fields, data, key)
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize or 8
+    except TypeError:  # the manifest's dtype is checked elsewhere; bound it by the widest
+        return 8

@@ -1,0 +1,76 @@
+"""The task interface (edge_demo/contract/tasks/): what each task owns, asked for,
+never tested by name (tests/test_import_graph.py counts the names)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from edge_demo.app.report import parity_table
+from edge_demo.contract import tasks
+from edge_demo.contract.arrays import check_embedding_eval, check_eval
+from edge_demo.contract.parity import Parity
+from edge_demo.runtimes.score import ModeResult
+
+OWN = ("check_eval", "measure", "thresholds", "describe", "figures")
+ATTRIBUTES = ("name", "output", "labelled", "attention_samples", "summary")
+
+
+@pytest.mark.parametrize("name", sorted(tasks.TASKS))
+def test_every_task_implements_the_interface(name):
+    task = tasks.TASKS[name]
+    assert task.name == name and tasks.get(name) is task
+    for method in OWN:
+        assert getattr(type(task), method) is not getattr(tasks.Task, method), (name, method)
+    for attribute in ATTRIBUTES:
+        assert hasattr(task, attribute), (name, attribute)
+    # its summary and device columns name figures a Parity has
+    fields = {f.name for f in dataclasses.fields(Parity)}
+    assert {c.field for c in (*task.summary, *task.columns)} <= fields
+
+
+def test_the_registry_looks_a_name_up_and_refuses_others():
+    assert tasks.get(None) is tasks.DEFAULT is tasks.TASKS["classification"]
+    for bad in ("ranking", 3, ""):
+        with pytest.raises(ValueError, match="must be one of classification, embedding"):
+            tasks.get(bad)
+
+
+def _classification():
+    probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]], np.float32)
+    return check_eval(np.zeros((3, 4), np.float32), np.array([0, 1, 1]), probs, "eval.npz")
+
+
+def _embedding():
+    angles = np.array([0.0, 0.3, 2.0, 3.5])
+    vectors = np.stack([np.cos(angles), np.sin(angles)], 1).astype(np.float32)
+    return check_embedding_eval(np.array([[5, 6, 0]] * 4, np.int32), vectors, "eval.npz")
+
+
+def test_each_task_judges_its_own_outputs():
+    classifier, encoder = tasks.TASKS["classification"], tasks.TASKS["embedding"]
+    ev = _classification()
+    flipped = ev.probs[:, ::-1].copy()
+    parity = classifier.measure(flipped, ev)
+    assert parity.agreement == 0.0 and parity.accuracy == pytest.approx(1 / 3)
+    assert classifier.float_accuracy(ev) == pytest.approx(2 / 3)
+    assert classifier.thresholds("int8", 360).min_agreement == pytest.approx(351 / 360)
+    ev = _embedding()
+    parity = encoder.measure(ev.probs.copy(), ev)
+    assert parity.min_cosine == pytest.approx(1.0) and parity.top1 == 1.0
+    assert math.isnan(parity.accuracy) and encoder.float_accuracy(ev) is None
+    assert encoder.thresholds("int8", 360).min_cosine == 0.98
+    assert "min" in encoder.figures(parity, None) and "agreement" in classifier.figures(
+        classifier.measure(_classification().probs, _classification()), 0.5
+    )
+
+
+def test_the_device_table_takes_the_tasks_columns():
+    result = ModeResult("float32", "passed", agreement=1.0, max_abs_diff=1e-7, min_cosine=0.9999)
+    header = parity_table([result], task=tasks.TASKS["embedding"]).splitlines()[0].split()
+    assert header[2:4] == ["min", "cos"] and "accuracy" not in header
+    header = parity_table([result]).splitlines()[0].split()
+    assert header[2:4] == ["accuracy", "agreement"] and "cos" not in header
