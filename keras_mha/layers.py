@@ -232,10 +232,10 @@ class MaskedMaxPooling(keras.layers.Layer):
         self.supports_masking = True
 
     def call(self, x, mask=None):
-        if mask is None:
-            return ops.max(x, axis=1)
-        floor = ops.min(x, axis=1, keepdims=True)  # (B, 1, d)
-        return point(self, "max", ops.max(ops.where(ops.expand_dims(mask, -1), x, floor), axis=1))
+        if mask is not None:
+            floor = ops.min(x, axis=1, keepdims=True)  # (B, 1, d): never above a kept value
+            x = ops.where(ops.expand_dims(mask, -1), x, floor)
+        return point(self, "max", ops.max(x, axis=1))
 
     def compute_mask(self, x, mask=None):
         return None
@@ -378,23 +378,18 @@ class TransformerEncoderBlock(keras.layers.Layer):
             self._ffn_out_outliers.build(tuple(input_shape[:-1]) + (self.ffn_outliers,))
 
     def call(self, x, mask=None, training=None, head_mask=None, return_attention_scores=False):
+        # Scores only when asked (or recorded: keras_mha.model.attention_model);
+        # without them the fused attention may take ops.dot_product_attention
+        # on JAX and PyTorch.
+        sink = self.__dict__.get(ATTENTION_SINK)
+        scored = return_attention_scores or sink is not None
         if self.implementation == "keras":
             if head_mask is not None:
                 raise ValueError("`head_mask` needs keras_mha's MultiHeadAttention.")
             out = self.attention(
-                x,
-                x,
-                value_mask=mask,
-                training=training,
-                return_attention_scores=return_attention_scores,
+                x, x, value_mask=mask, training=training, return_attention_scores=scored
             )
-            attended, scores = out if return_attention_scores else (out, None)
         else:
-            # Scores only when asked (or recorded: keras_mha.model.attention_model);
-            # without them the fused attention may take ops.dot_product_attention
-            # on JAX and PyTorch.
-            sink = self.__dict__.get(ATTENTION_SINK)
-            scored = return_attention_scores or sink is not None
             out = self.attention(
                 x,
                 query_mask=mask,
@@ -403,9 +398,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 head_mask=head_mask,
                 return_attention_scores=scored,
             )
-            attended, scores = out if scored else (out, None)
-            if sink is not None:
-                sink.append(scores)
+        attended, scores = out if scored else (out, None)
+        if sink is not None:
+            sink.append(scores)
         # point(): where int8 rounds, when quantization-aware (keras_mha.qat)
         x = point(self, "attention_sum", x + self.attention_dropout(attended, training=training))
         x = self.attention_norm(x)

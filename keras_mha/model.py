@@ -164,7 +164,8 @@ def encoder_blocks(model: keras.Model) -> list[TransformerEncoderBlock]:
     if not blocks:
         raise ValueError(
             f"Model {model.name!r} has no TransformerEncoderBlock with a keras_mha "
-            "MultiHeadAttention; expected a model built by keras_mha.build_classifier."
+            "MultiHeadAttention; expected a model built from keras_mha's blocks "
+            "(keras_mha.build_classifier, keras_mha.pretrained.load)."
         )
     return blocks
 
@@ -225,6 +226,12 @@ class _AttentionWeights(keras.layers.Layer):
         finally:
             for block in blocks:
                 block.__dict__.pop(ATTENTION_SINK, None)
+        if len(sink) != len(blocks):  # a block run twice, or blocks inside a nested model
+            raise ValueError(
+                f"Model {self.classifier.name!r} ran its {len(blocks)} keras_mha blocks "
+                f"{len(sink)} times; attention weights are read from a model whose blocks "
+                "each run once, at its top level."
+            )
         return {output_name(i): s for i, s in enumerate(sink)}  # each (B, h, T, S)
 
 
@@ -233,10 +240,12 @@ def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Mod
 
     Shares the classifier's weights (no copy). Its output is a dict in layer
     order, `{"attention_0": (B, h_0, T, T), "attention_1": ...}`, equal to
-    `forward(model, x, return_attention_scores=True)[1]` with dropout off.
-    The export traces it at `batch_size=1`, like the classifier; it stops at
-    the last block's softmax, so it converts with builtin ops only and an
-    integer model keeps it integer (softmax outputs have a fixed scale).
+    `forward(model, x, return_attention_scores=True)[1]` with dropout off
+    (for a pretrained encoder, `encoder_forward`'s). The whole model runs
+    in its graph, but only what the weights depend on is kept when it is
+    converted: the TFLite attention signature ends at the last block's
+    softmax, so it converts with builtin ops only and an integer model keeps
+    it integer (softmax outputs have a fixed scale).
     """
     encoder_blocks(model)  # a clear error for a model without keras_mha blocks
     if batch_size is not None and (

@@ -10,6 +10,7 @@ weights were trained.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -247,6 +248,39 @@ def test_attention_model_matches_forward_and_shares_weights():
     kernel.assign(kernel.numpy() * 3.0)  # the probe sees the classifier's own variables
     changed = np.asarray(probe(x[:1])["attention_0"])
     assert not np.allclose(changed, np.asarray(outputs["attention_0"]))
+
+
+@pytest.mark.parametrize("implementation", ["per_head", "keras"])
+def test_attention_model_reads_every_block_implementation(implementation):
+    """Each block records its weights while the model runs (layers.ATTENTION_SINK),
+    with keras_mha's layer and with Keras's own (`implementation="keras"`)."""
+    import keras
+
+    from keras_mha.model import ModelConfig, attention_model, build_classifier, forward
+
+    keras.utils.set_random_seed(3)
+    config = ModelConfig(d_model=16, num_heads=2, num_layers=2, ff_dim=16, dropout=0.0)
+    model = build_classifier(dataclasses.replace(config, implementation=implementation))
+    x = np.random.default_rng(3).uniform(0, 1, (3, 8, 8)).astype("float32")
+    outputs = attention_model(model, batch_size=None)(x)
+    _, scores = forward(model, x, return_attention_scores=True)
+    assert list(outputs) == ["attention_0", "attention_1"]
+    for name, expected in zip(outputs, scores, strict=True):
+        np.testing.assert_allclose(np.asarray(outputs[name]), np.asarray(expected), atol=1e-6)
+    assert not any("_attention_sink" in vars(b) for b in model.layers)  # nothing left behind
+
+
+def test_attention_model_refuses_a_model_that_runs_a_block_twice():
+    import keras
+
+    from keras_mha.layers import TransformerEncoderBlock
+    from keras_mha.model import attention_model
+
+    inputs = keras.Input((6, 8))
+    block = TransformerEncoderBlock(num_heads=2, ff_dim=8, name="transformer_layer_0")
+    model = keras.Model(inputs, block(block(inputs)))  # one block, run twice
+    with pytest.raises(ValueError, match="ran its 1 keras_mha blocks 2 times"):
+        attention_model(model, batch_size=None)
 
 
 @pytest.mark.parametrize("batch_size", [0, -1, 1.5, True])

@@ -200,8 +200,9 @@ def test_one_interface_for_classifiers_and_encoders(model):
     y = np.array([0, 2], "int32")
     for a, b in zip(E.importance(classifier, x, y), head_importance(classifier, x, y)):
         np.testing.assert_allclose(a, b)
-    with pytest.raises(UsageError, match="needs the labels"):
-        E.importance(classifier, x, kind="classifier")
+    for kind in ("classifier", "auto"):  # no labels: a classifier has no label-free score
+        with pytest.raises(UsageError, match="needs the labels"):
+            E.importance(classifier, x, kind=kind)
     ids = sentences(6)
     scores = E.importance(model, ids)  # an encoder: no labels, the Jacobian norm
     assert [len(s) for s in scores] == [4, 4] and min(float(s.min()) for s in scores) > 0

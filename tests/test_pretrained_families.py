@@ -206,3 +206,46 @@ def test_the_import_command_refuses_a_classifier_with_exit_2(checkpoint, tmp_pat
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "BertForTokenClassification is not imported" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_pooling_module_is_read_where_modules_json_puts_it(checkpoint, tmp_path):
+    from keras_mha.pretrained.checkpoint import resolve
+
+    directory = _copy(checkpoint, tmp_path)
+    modules = json.loads((directory / "modules.json").read_text())
+    for module in modules:
+        if module["type"].endswith("Pooling"):
+            module["path"] = "pool"
+    (directory / "modules.json").write_text(json.dumps(modules))
+    _refused(directory, r"pool/config.json: missing; modules.json lists a Pooling module")
+    (directory / "1_Pooling").rename(directory / "pool")
+    assert resolve(str(directory)).config.pooling == checkpoint["pooling"]
+
+
+def test_a_task_heads_tensors_are_refused_when_config_json_does_not_say(checkpoint, tmp_path):
+    """No `architectures`, but a classifier's tensors: refused, not stripped."""
+    from safetensors.numpy import load_file, save_file
+
+    from keras_mha.pretrained import load
+
+    directory = _copy(checkpoint, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    del config["architectures"]
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["classifier.weight"] = np.zeros((3, SHAPE["hidden"]), np.float32)
+    save_file(tensors, str(directory / "model.safetensors"))
+    with pytest.raises(ValueError, match="holds classifier.weight, a task head's tensor"):
+        load(directory, max_length=64)
+
+
+def test_max_pooling_never_takes_a_padded_position():
+    from keras import ops
+
+    from keras_mha.layers import MaskedMaxPooling
+
+    x = np.array([[[1.0, -2.0], [3.0, -1.0], [50.0, 40.0]]], np.float32)  # padding is largest
+    mask = np.array([[True, True, False]])
+    out = ops.convert_to_numpy(MaskedMaxPooling()(x, mask=mask))
+    np.testing.assert_array_equal(out, [[3.0, -1.0]])
+    np.testing.assert_array_equal(ops.convert_to_numpy(MaskedMaxPooling()(x)), [[50.0, 40.0]])

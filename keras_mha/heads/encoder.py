@@ -205,11 +205,18 @@ def importance(
         if y is None:
             raise UsageError("a classifier's importance (Michel et al.) needs the labels y")
         return head_importance(model, x, y, head_masks)
+    if method not in METHODS:
+        raise UsageError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    names = {layer.name for layer in model.layers}
+    if not {"pooling", "normalize"} <= names:  # what _tail reads: the unit sentence vector
+        raise UsageError(
+            f"model {model.name!r} gives no unit sentence vector (a `pooling` and a `normalize` "
+            "layer, as keras_mha.pretrained's encoders); a classifier's importance "
+            "(Michel et al.) needs the labels y"
+        )
     if method == "jacobian":
         return jacobian_importance(model, x, head_masks)
-    if method == "ablation":
-        return ablation_importance(model, x, head_masks)
-    raise UsageError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
+    return ablation_importance(model, x, head_masks)
 
 
 # ------------------------------------------------------------------ selection

@@ -141,6 +141,11 @@ NAMES = {
 }
 
 
+# Tensors of task heads (transformers' *ForSequenceClassification, ...ForTokenClassification,
+# ...ForQuestionAnswering, ...ForMultipleChoice): their models are refused, not stripped.
+TASK_HEADS = ("classifier.", "pre_classifier.", "qa_outputs.", "score.")
+
+
 def _prefix(names: set[str], family: dict) -> str:
     """The checkpoint's prefix: "" (the bare model) or "bert." (a model around it)."""
     for prefix in family["prefixes"]:
@@ -160,6 +165,13 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
     """
     names = NAMES[config.family]
     p = _prefix(set(tensors), names)
+    heads = sorted(k for k in tensors if k.startswith(TASK_HEADS))
+    if heads:  # a task model whose config.json does not say so (no `architectures`)
+        raise UsageError(
+            f"holds {heads[0]}, a task head's tensor that a sentence encoder import would "
+            "drop (a classifier's labels are not kept)",
+            "model.safetensors",
+        )
     d, h, dk, f = config.hidden_size, config.num_heads, config.key_dim, config.intermediate_size
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -104,6 +104,7 @@ def pooling_of(directory: pathlib.Path) -> str:
     length: a bundle compares unit vectors).
     """
     modules_path = directory / "modules.json"
+    path = directory / "1_Pooling" / "config.json"  # where a folder without modules.json has it
     if modules_path.is_file():
         modules = _read_json(modules_path)
         if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
@@ -122,8 +123,15 @@ def pooling_of(directory: pathlib.Path) -> str:
                 "compares unit vectors (sentence-transformers' Normalize)",
                 modules_path,
             )
-    path = directory / "1_Pooling" / "config.json"
-    if not path.is_file():
+        if "Pooling" not in kinds:
+            return "mean"
+        where = modules[kinds.index("Pooling")].get("path")
+        if not isinstance(where, str) or ".." in pathlib.PurePath(where).parts:
+            raise UsageError("its Pooling module has no path inside the folder", modules_path)
+        path = directory / where / "config.json"
+        if not path.is_file():
+            raise UsageError("missing; modules.json lists a Pooling module here", path)
+    elif not path.is_file():
         return "mean"
     pooling = _read_json(path)
     if not isinstance(pooling, dict):
