@@ -23,7 +23,8 @@ import numpy as np
 
 from edge_demo.contract.arrays import EvalData, read_npz
 from edge_demo.contract.attention import CorefHead
-from edge_demo.contract.bundle import check_text_inputs, labels_json
+from edge_demo.contract.bundle import check_text_inputs
+from edge_demo.contract.lists import labels_json
 from edge_demo.contract.tasks import Task
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.classification import Classification

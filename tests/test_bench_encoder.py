@@ -20,10 +20,11 @@ import pytest
 from edge_bundle import edit_manifest
 from test_edge_embedding import tokenizer_json
 
-from edge_demo.contract.bundle import add_file, labels_json, open_bundle, texts_json
+from edge_demo.contract.bundle import add_file, open_bundle
 from edge_demo.contract.entries import EvalSpec, ModelEntry
 from edge_demo.contract.files import tflite_problem
 from edge_demo.contract.flatbuffer import index_problem
+from edge_demo.contract.lists import labels_json, texts_json
 from edge_demo.contract.manifest import Manifest
 from edge_demo.contract.parity import default_thresholds, embedding_thresholds, measure_embeddings
 from edge_demo.contract.tensors import TensorSpec

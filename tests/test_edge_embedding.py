@@ -17,8 +17,8 @@ import pytest
 from edge_bundle import example_manifest
 
 from edge_demo.contract.arrays import UNIT_NORM_TOLERANCE, EvalData, check_embedding_eval
-from edge_demo.contract.bundle import MAX_TEXT, parse_texts, texts_json
 from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
+from edge_demo.contract.lists import MAX_TEXT, parse_texts, texts_json
 from edge_demo.contract.manifest import Manifest
 from edge_demo.contract.parity import (
     EMBEDDING_MIN_COSINE,

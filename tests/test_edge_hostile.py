@@ -27,9 +27,9 @@ from edge_bundle import REPO, edge_python, edit_manifest, one_error_line, run_ma
 
 from edge_demo.app.cli import RUNTIME_CHOICES, main
 from edge_demo.contract.arrays import read_npz
-from edge_demo.contract.bundle import parse_labels
 from edge_demo.contract.fields import parse_json
 from edge_demo.contract.files import check_output, read_inside
+from edge_demo.contract.lists import parse_labels
 from edge_demo.contract.manifest import Manifest
 from edge_demo.contract.vocab import Vocab
 from edge_demo.errors import UsageError, safe, shown

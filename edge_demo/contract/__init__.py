@@ -7,7 +7,8 @@ and `entries` (manifest.json as dataclasses), `deploy` (a mode's deploy file),
 `tensors` (TensorSpec, the one quantize / dequantize), `parity` and
 `attention_parity` (figures, thresholds, the one threshold check), `attention`
 (attention.npz, the attention output names), `vocab` (vocab.json, the one
-Vocab), `arrays` (eval.npz and calibration checks), `files` (atomic writes,
+Vocab), `arrays` (eval.npz and calibration checks), `lists` (labels.json,
+texts.json), `files` (atomic writes,
 in-bundle reads, `check_writable`), `fields` (typed JSON access) and `bundle`
 (`open_bundle`: a bundle's files opened and checked).
 

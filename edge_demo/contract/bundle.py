@@ -2,8 +2,9 @@
 
 Standard library and numpy. `open_bundle` reads `manifest.json` through
 `Manifest.read`, then every selected model (size, TFLite header, sha256),
-`eval.npz` (against the manifest, then its task's check), `labels.json`
-and `vocab.json` (`Vocab`). Every file must be a regular file inside the
+`eval.npz` (against the manifest, then its task's check), the task's own
+files (`Task.load_files`: labels.json, or texts.json and tokenizer.json) and
+`vocab.json` (`Vocab`). Every file must be a regular file inside the
 bundle: a symbolic link, or a path resolving elsewhere, is refused even when
 its sha256 matches. Whatever does not match raises `UsageError` naming the file.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import os
 import pathlib
@@ -32,18 +32,13 @@ from .arrays import (
 )
 from .attention import MAX_LAYER_VALUES, load_reference, output_name
 from .entries import EvalSpec, FileRef, ModelEntry
-from .fields import parse_json
 from .files import inside, read_inside, sha256_bytes, tflite_problem, write_bytes_atomic
 from .flatbuffer import index_problem
 from .manifest import MANIFEST, MODES, Manifest, ordered
 from .tasks import Task
 from .tasks import get as get_task
 from .vocab import MAX_VOCAB_BYTES, Vocab
-from .wordpiece import MAX_TOKENIZER_BYTES, WordPiece
-
-MAX_LABELS_BYTES = 4 * 1024 * 1024
-MAX_LABEL = 200  # characters of one class name
-MAX_TEXT = 2000  # characters of one eval sentence (texts.json)
+from .wordpiece import WordPiece
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +49,9 @@ class Bundle:
     manifest: Manifest
     modes: tuple[str, ...]
     eval: EvalData
-    labels: tuple[str, ...]  # class names (an embedding model: none)
     vocab: Vocab | None
     model_bytes: dict[str, bytes]
+    labels: tuple[str, ...] = ()  # class names (a classifier's: its task's files)
     # The float model's attention weights `(samples, h, T, S)` per layer (attention.npz).
     attention: list[np.ndarray] | None = None
     # An embedding model: the eval sentences (texts.json) and its tokenizer.
@@ -151,48 +146,6 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
     return task.check_eval(arrays, path)
 
 
-def labels_json(labels: list[str] | tuple[str, ...]) -> bytes:
-    """`labels.json`'s bytes: a JSON list of class names."""
-    return (json.dumps(list(labels)) + "\n").encode("utf-8")
-
-
-def parse_labels(data: bytes, num_classes: int, where: str | os.PathLike) -> tuple[str, ...]:
-    """`labels.json`: one class name per class id (printable, at most `MAX_LABEL` characters)."""
-    labels = parse_json(data, where)
-    if not isinstance(labels, list) or not all(isinstance(s, str) for s in labels):
-        raise UsageError("expected a JSON list of class names", where)
-    if len(labels) != num_classes:
-        raise UsageError(
-            f"has {len(labels)} names, manifest.json says {num_classes} classes", where
-        )
-    for i, label in enumerate(labels):
-        if len(label) > MAX_LABEL or safe(label) != label:
-            raise UsageError(
-                f"class name {i} ({safe(label, 60)!r}) must be at most {MAX_LABEL} printable "
-                "characters (no control characters)",
-                where,
-            )
-    return tuple(labels)
-
-
-def texts_json(texts: list[str] | tuple[str, ...]) -> bytes:
-    """`texts.json`'s bytes: the eval sentences, one per sample."""
-    return (json.dumps(list(texts), ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def parse_texts(data: bytes, samples: int, where: str | os.PathLike) -> tuple[str, ...]:
-    """`texts.json`: one printable sentence per eval sample, at most `MAX_TEXT` characters."""
-    texts = parse_json(data, where)
-    if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
-        raise UsageError("expected a JSON list of sentences", where)
-    if len(texts) != samples:
-        raise UsageError(f"has {len(texts)} sentences, manifest.json says {samples}", where)
-    for i, text in enumerate(texts):
-        if len(text) > MAX_TEXT or safe(text) != text:
-            raise UsageError(f"sentence {i} must be at most {MAX_TEXT} printable characters", where)
-    return tuple(texts)
-
-
 def check_text_inputs(vocab: Vocab, x: np.ndarray, where: str | os.PathLike) -> None:
     """Token ids `x (N, T)` that `vocab` can stand for: T == max_length, ids < len(vocab)."""
     if x.ndim != 2 or vocab.max_length != x.shape[-1]:
@@ -237,17 +190,7 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
             f"has {len(evaluation.x)} samples, manifest.json says {manifest.eval.samples}",
             root / manifest.eval.file,
         )
-    labels, texts, tokenizer = (), (), None
-    if manifest.labels is not None:
-        labels = parse_labels(
-            read_inside(
-                root, manifest.labels.file, manifest.labels.sha256, max_bytes=MAX_LABELS_BYTES
-            ),
-            manifest.eval.num_classes,
-            root / manifest.labels.file,
-        )
-    if manifest.tokenizer is not None:
-        texts, tokenizer = _load_text_side(root, manifest, evaluation)
+    own = manifest.task.load_files(root, manifest, evaluation)  # labels, or texts and tokenizer
     vocab = None
     if manifest.vocab is not None:
         vocab = _load_vocab(root, manifest.vocab, evaluation)
@@ -258,32 +201,8 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
             root, ref, manifest.eval.samples, _layer_values(manifest, modes, ref.samples)
         )
         check_attention_shapes(manifest, modes, attention, root / ref.file)
-    return Bundle(
-        root, manifest, modes, evaluation, labels, vocab, model_bytes, attention, texts, tokenizer
-    )
-
-
-def _load_text_side(
-    root: pathlib.Path, manifest: Manifest, evaluation: EvalData
-) -> tuple[tuple[str, ...], WordPiece]:
-    """An embedding bundle's texts.json and tokenizer.json, checked against eval.npz."""
-    ref = manifest.texts
-    texts = parse_texts(
-        read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
-        manifest.eval.samples,
-        root / ref.file,
-    )
-    ref = manifest.tokenizer
-    where = root / ref.file
-    data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
-    tokenizer = WordPiece.from_bytes(data, manifest.max_length, where)
-    top = int(evaluation.x.max())
-    if top >= tokenizer.vocab_size:
-        raise UsageError(
-            f"eval.npz uses token id {top} but the tokenizer has {tokenizer.vocab_size} tokens",
-            where,
-        )
-    return texts, tokenizer
+    return Bundle(root, manifest, modes, evaluation, vocab=vocab, model_bytes=model_bytes,
+                  attention=attention, **own)  # fmt: skip
 
 
 def _layer_values(manifest: Manifest, modes: tuple[str, ...], samples: int) -> int:

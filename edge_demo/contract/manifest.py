@@ -90,7 +90,7 @@ class Manifest:
             "eval": self.task.eval_json(self.eval),
             "labels": None if self.labels is None else self.labels.to_json(),
             "vocab": None if self.vocab is None else self.vocab.to_json(),
-            **self._text_json(),
+            **self.task.files_json(self),  # an encoder's texts and tokenizer
             "attention": None if self.attention is None else self.attention.to_json(),
             **({} if self.coref_head is None else {"coref_head": self.coref_head.to_json()}),
             "verified": self.verified,
@@ -98,14 +98,6 @@ class Manifest:
             "requested": list(self.requested),
             "failed": {mode: f.to_json() for mode, f in self.failed.items()},
             "export_seconds": self.export_seconds,
-        }
-
-    def _text_json(self) -> dict:
-        if self.tokenizer is None:
-            return {}
-        return {
-            "texts": self.texts.to_json(),
-            "tokenizer": {**self.tokenizer.to_json(), "max_length": self.max_length},
         }
 
     def write(self, root: str | os.PathLike) -> pathlib.Path:

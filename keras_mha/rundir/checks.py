@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_demo.contract import arrays
-from edge_demo.contract.bundle import parse_labels
 from edge_demo.contract.fields import parse_json
+from edge_demo.contract.lists import parse_labels
 from edge_demo.errors import UsageError, one_line
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def check_inputs(
 
 
 def check_labels(labels: Any, num_classes: int, where: str | os.PathLike) -> list[str]:
-    """Class names as the device reads them (`contract.bundle.parse_labels`: strict JSON,
+    """Class names as the device reads them (`contract.lists.parse_labels`: strict JSON,
     printable names of at most 200 characters), from `labels.json`'s bytes or its
     decoded list."""
     raw = labels if isinstance(labels, bytes) else json.dumps(labels).encode("utf-8")

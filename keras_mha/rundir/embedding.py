@@ -30,8 +30,8 @@ import numpy as np
 
 from edge_demo.contract import arrays
 from edge_demo.contract.arrays import EvalData, check_embedding_eval
-from edge_demo.contract.bundle import parse_texts, texts_json
 from edge_demo.contract.files import staging_dir, swap_into_place
+from edge_demo.contract.lists import parse_texts, texts_json
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.embedding import Embedding
 from edge_demo.contract.wordpiece import WordPiece

@@ -12,7 +12,7 @@ import numpy as np
 
 from edge_demo.contract import arrays
 from edge_demo.contract.arrays import EvalData
-from edge_demo.contract.bundle import labels_json
+from edge_demo.contract.lists import labels_json
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.classification import Classification
 from edge_demo.contract.vocab import Vocab

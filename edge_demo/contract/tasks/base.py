@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pathlib
 from typing import ClassVar
 
 import numpy as np
@@ -77,6 +78,14 @@ class Task:
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
         """The manifest's entries of this task's own files, as `Manifest` fields."""
+        return {}
+
+    def files_json(self, manifest) -> dict:
+        """The manifest's entries of this task's own files besides `labels` (a Manifest)."""
+        return {}
+
+    def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
+        """This task's own files of an opened bundle, checked, as `Bundle` fields."""
         return {}
 
     def eval_json(self, spec: EvalSpec) -> dict:

@@ -9,6 +9,7 @@ device prints a prediction for one input.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 
@@ -16,6 +17,8 @@ from ..arrays import EvalData, check_eval
 from ..attention import MAX_SAMPLES as ATTENTION_SAMPLES
 from ..entries import EvalSpec
 from ..fields import Fields
+from ..files import read_inside
+from ..lists import MAX_LABELS_BYTES, parse_labels
 from ..parity import Parity, Thresholds, default_thresholds, measure
 from .base import Column, Task, file_ref
 
@@ -42,6 +45,11 @@ class Classification(Task):
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
         return {"labels": file_ref(fields, data, "labels")}
+
+    def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
+        ref = manifest.labels
+        data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES)
+        return {"labels": parse_labels(data, manifest.eval.num_classes, root / ref.file)}
 
     def eval_json(self, spec: EvalSpec) -> dict:
         data = super().eval_json(spec)

@@ -12,13 +12,18 @@ nearest eval sentences.
 from __future__ import annotations
 
 import os
+import pathlib
 
 import numpy as np
 
+from ...errors import UsageError
 from ..arrays import EvalData, check_embedding_eval
 from ..entries import EvalSpec
 from ..fields import Fields
+from ..files import read_inside
+from ..lists import MAX_LABELS_BYTES, parse_texts
 from ..parity import Parity, Thresholds, embedding_thresholds, measure_embeddings
+from ..wordpiece import MAX_TOKENIZER_BYTES, WordPiece
 from .base import Column, Task, file_ref
 
 MAX_TOKENIZER_LENGTH = 4096
@@ -74,6 +79,32 @@ class Embedding(Task):
             "tokenizer": file_ref(fields, data, "tokenizer"),
             "max_length": max_length,
         }
+
+    def files_json(self, manifest) -> dict:
+        return {
+            "texts": manifest.texts.to_json(),
+            "tokenizer": {**manifest.tokenizer.to_json(), "max_length": manifest.max_length},
+        }
+
+    def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
+        """texts.json and tokenizer.json, checked against eval.npz."""
+        ref = manifest.texts
+        texts = parse_texts(
+            read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
+            manifest.eval.samples,
+            root / ref.file,
+        )
+        ref = manifest.tokenizer
+        where = root / ref.file
+        data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
+        tokenizer = WordPiece.from_bytes(data, manifest.max_length, where)
+        top = int(evaluation.x.max())
+        if top >= tokenizer.vocab_size:
+            raise UsageError(
+                f"eval.npz uses token id {top} but the tokenizer has {tokenizer.vocab_size} tokens",
+                where,
+            )
+        return {"texts": texts, "tokenizer": tokenizer}
 
     def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
         return measure_embeddings(outputs, evaluation.probs)
