@@ -328,10 +328,11 @@ def cmd_view(args: argparse.Namespace) -> int:
     name = "view_text.html" if text is not None else f"view_sample{sample}.html"
     default = pathlib.Path(args.run_dir) / HEADS_DIR / name
     out = check_writable(args.out or default, "--out" if args.out else "RUN_DIR")
-    if getattr(read_any(args.run_dir), "tokenizer", None) is not None:  # word pieces
-        data = _encoder_view(args.run_dir, sample, text)
+    run = read_any(args.run_dir)  # read once, by its task's reader
+    if getattr(run, "tokenizer", None) is not None:  # word pieces
+        data = _encoder_view(run, sample, text)
     else:
-        data = _classifier_view(args.run_dir, sample, text)
+        data = _classifier_view(run, sample, text)
     from edge_demo.view.page import write_html
 
     write_html(out, data)
@@ -351,15 +352,13 @@ def _named_head(run_dir: str, heads_per_layer, model_file) -> dict:
     return {"named_head": (head.layer, head.head), "named_head_caption": head.caption()}
 
 
-def _encoder_view(run_dir: str, sample: int | None, text: str | None):
+def _encoder_view(run, sample: int | None, text: str | None):
     """An embedding run's page: word pieces as typed, the float encoder's attention."""
     from keras import ops
 
     from edge_demo.view.page import ViewData, initial_query
     from keras_mha.pretrained.bert import encoder_forward
-    from keras_mha.rundir.embedding import read_embedding_run
 
-    run = read_embedding_run(run_dir)
     notes = []
     if text is None:
         n = len(run.texts)
@@ -394,15 +393,14 @@ def _encoder_view(run_dir: str, sample: int | None, text: str | None):
         title=f'{title}: "{sentence}", the float Keras encoder\'s heads',
         notes=notes,
         initial_query=initial_query(tokens, joined),
-        **_named_head(run_dir, run.heads_per_layer, run.model_file),
+        **_named_head(run.path, run.heads_per_layer, run.model_file),
     )
 
 
-def _classifier_view(run_dir: str, sample: int | None, text: str | None):
+def _classifier_view(run, sample: int | None, text: str | None):
     """A trained run's page: eval input `sample`, or `text` through its vocab.json."""
     from edge_demo.view.page import ViewData, initial_query
 
-    run = read_run(run_dir)
     if text is not None and run.vocab is None:
         raise UsageError(
             f"needs a model that reads words (a run with vocab.json); {run.dataset} takes "
@@ -450,7 +448,7 @@ def _classifier_view(run_dir: str, sample: int | None, text: str | None):
         dropped=dropped,
         **common,
         initial_query=query,
-        **_named_head(run_dir, [int(a.shape[0]) for a in scores], run.model_file),
+        **_named_head(run.path, [int(a.shape[0]) for a in scores], run.model_file),
     )
 
 

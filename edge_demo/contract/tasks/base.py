@@ -30,7 +30,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..arrays import EvalData
-from ..entries import EvalSpec, FileRef
+from ..entries import EvalSpec
 from ..fields import Fields
 from ..parity import Parity, Thresholds
 
@@ -113,10 +113,6 @@ class Task:
     def figures(self, parity: Parity, float_accuracy: float | None) -> str:
         """A mode's figures on one line (export's log)."""
         raise NotImplementedError
-
-
-def file_ref(fields: Fields, data: dict, key: str) -> FileRef:
-    return FileRef.from_json(fields, data, key)
 
 
 def _itemsize(dtype: str) -> int:

@@ -15,12 +15,12 @@ import numpy as np
 
 from ..arrays import EvalData, check_eval
 from ..attention import MAX_SAMPLES as ATTENTION_SAMPLES
-from ..entries import EvalSpec
+from ..entries import EvalSpec, FileRef
 from ..fields import Fields
 from ..files import read_inside
 from ..lists import MAX_LABELS_BYTES, parse_labels
 from ..parity import Parity, Thresholds, default_thresholds, measure
-from .base import Column, Task, file_ref
+from .base import Column, Task
 
 
 class Classification(Task):
@@ -44,7 +44,7 @@ class Classification(Task):
         return fields.number(ev, "float_accuracy", "eval.")
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
-        return {"labels": file_ref(fields, data, "labels")}
+        return {"labels": FileRef.from_json(fields, data, "labels")}
 
     def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
         ref = manifest.labels

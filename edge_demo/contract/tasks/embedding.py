@@ -18,13 +18,13 @@ import numpy as np
 
 from ...errors import UsageError
 from ..arrays import EvalData, check_embedding_eval
-from ..entries import EvalSpec
+from ..entries import EvalSpec, FileRef
 from ..fields import Fields
 from ..files import read_inside
 from ..lists import MAX_LABELS_BYTES, parse_texts
 from ..parity import Parity, Thresholds, embedding_thresholds, measure_embeddings
 from ..wordpiece import MAX_TOKENIZER_BYTES, WordPiece
-from .base import Column, Task, file_ref
+from .base import Column, Task
 
 MAX_TOKENIZER_LENGTH = 4096
 # Nearest neighbours compare every pair of eval sentences (N^2 / 2 dot products).
@@ -75,8 +75,8 @@ class Embedding(Task):
                 "eval.x_shape", f"must be [samples, T] with T <= tokenizer.max_length {max_length}"
             )
         return {
-            "texts": file_ref(fields, data, "texts"),
-            "tokenizer": file_ref(fields, data, "tokenizer"),
+            "texts": FileRef.from_json(fields, data, "texts"),
+            "tokenizer": FileRef.from_json(fields, data, "tokenizer"),
             "max_length": max_length,
         }
 
