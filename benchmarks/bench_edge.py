@@ -91,7 +91,9 @@ def litert_latency(bundles: dict[str, pathlib.Path], repeats: int) -> dict[str, 
         bundle = open_bundle(path)
         x = bundle.eval.x[:64]
         for mode in bundle.modes:
-            model = EdgeModel(runtime, bundle.model_bytes[mode], threads=1, where=mode)
+            model = EdgeModel(
+                runtime, bundle.model_bytes[mode], threads=1, where=mode, pad_id=bundle.pad_id
+            )
             runners[(label, mode)] = (model, model.prepare(x))
     times: dict = {key: [] for key in runners}
     for _ in range(repeats):

@@ -242,6 +242,7 @@ class _Draft:
             ),
             **{k: v for k, v in self.refs.items() if k != "eval"},
             max_length=loaded.max_length,
+            pad_id=loaded.pad_id,
             models=models,
             created_by=_versions(),
             created_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -302,6 +303,7 @@ def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log
                 eval_samples=int(loaded.eval.x.shape[0]),
                 task=loaded.task,
                 sequence_length=int(loaded.eval.x.shape[1]) if loaded.task.dynamic_length else None,
+                pad_id=loaded.pad_id,
             )
             if entry is None:
                 draft.failed[mode] = ModeFailure("convert", tuple(found))

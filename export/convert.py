@@ -170,24 +170,24 @@ def convert(
     calibration: np.ndarray | None = None,
     *,
     attention_saved_model_dir: str | os.PathLike | None = None,
-    trim_padding: bool = False,
+    pad_id: int | None = None,
 ) -> bytes:
     """Convert the batch-1 SavedModel to a TFLite flatbuffer in `mode`.
 
     `calibration`: representative model inputs `(N, ...)` for `int8` and
-    `int16x8` (each fed as a batch of 1). `trim_padding` (token ids, a
-    dynamic sequence axis): each sentence is fed at its own length, as the
-    device runs it, so [PAD] positions never widen a range.
+    `int16x8` (each fed as a batch of 1). `pad_id` (token ids, a dynamic
+    sequence axis): each sentence is fed at its own length, without its
+    trailing `pad_id`s, as the device runs it, so padding never widens a range.
     `attention_saved_model_dir` (from
     `write_attention_saved_model`): also convert it, with the same
     calibration, and add it as the `view` signature (module docstring).
     Raises `ConversionError` with a one-line reason when the converter
     cannot produce the mode.
     """
-    classifier = _convert_one(saved_model_dir, mode, calibration, trim_padding)
+    classifier = _convert_one(saved_model_dir, mode, calibration, pad_id)
     if attention_saved_model_dir is None:
         return classifier
-    attention = _convert_one(attention_saved_model_dir, mode, calibration, trim_padding)
+    attention = _convert_one(attention_saved_model_dir, mode, calibration, pad_id)
     try:
         return add_view_signature(classifier, attention)
     except ValueError as error:
@@ -198,7 +198,7 @@ def _convert_one(
     saved_model_dir: str | os.PathLike,
     mode: str,
     calibration: np.ndarray | None,
-    trim_padding: bool = False,
+    pad_id: int | None = None,
 ) -> bytes:
     from keras_mha.quiet import captured_output  # not at the top: the package stays light
 
@@ -217,7 +217,7 @@ def _convert_one(
             raise ValueError(f"Mode {mode!r} needs calibration inputs.")
         samples = np.asarray(calibration)
 
-        lengths = own_lengths(samples) if trim_padding else None  # the device's rule
+        lengths = None if pad_id is None else own_lengths(samples, pad_id)  # the device's rule
 
         def representative_dataset():
             for i, x in enumerate(samples):

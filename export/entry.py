@@ -37,6 +37,7 @@ def convert_mode(
     eval_samples: int,
     task: Task = DEFAULT,
     sequence_length: int | None = None,
+    pad_id: int = 0,
     attention_thresholds: AttentionThresholds | None = None,
 ) -> tuple[ModelEntry | None, list[str]]:
     """Convert one mode into `staging` and check its graph: (entry, graph problems).
@@ -50,7 +51,8 @@ def convert_mode(
     `attention`, and its subgraph is checked like the classifier's.
     A model whose input is token ids with a dynamic sequence axis (an
     embedding model) is described at `sequence_length` (eval.npz's width)
-    with `dynamic_length`: the device resizes it to each sentence's length.
+    with `dynamic_length`: the device resizes it to each sentence's length,
+    and calibration runs each sentence without its trailing `pad_id`s.
 
     The entry is None when the converter cannot produce the mode.
     """
@@ -71,7 +73,7 @@ def convert_mode(
             mode,
             calibration,
             attention_saved_model_dir=attention_saved_model,
-            trim_padding=sequence_length is not None,
+            pad_id=None if sequence_length is None else pad_id,
         )
     except ConversionError as error:
         return None, [f"the converter cannot produce {mode}: {error}"]

@@ -67,6 +67,7 @@ class Source:
     vocab: Vocab | None
     dataset: str | None
     max_length: int | None = None  # the tokenizer's longest input (an embedding run)
+    pad_id: int = 0  # the id that pads token ids and that the model masks
     # ranges.json (keras_mha.qat): int8 ranges the int8 conversion takes as given.
     ranges: dict | None = None
     # The best coreference head (a run's heads/coref.json, keras-mha-heads coref),
@@ -203,6 +204,7 @@ def load_run_dir(run_dir: pathlib.Path) -> Source:
         vocab=vocab,
         dataset=run.dataset,
         max_length=run.max_length,
+        pad_id=getattr(run, "pad_id", 0),
     )
     return _with_coref(_with_ranges(source, run_dir), run_dir)
 

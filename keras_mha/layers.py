@@ -444,10 +444,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_mha")
 class BertEmbeddings(keras.layers.Layer):
-    """word_embeddings[ids] + position_embeddings[t] + token_type_embeddings[0], then LayerNorm.
+    """word_embeddings[ids] + position_embeddings[offset + t] + token_type_embeddings[0], then LayerNorm.
 
     Every sentence is one segment (token type 0). The output carries the
-    mask `ids != 0` ([PAD] is 0) for the blocks and the pooling.
+    mask `ids != pad_id` for the blocks and the pooling: BERT's [PAD] is 0,
+    RoBERTa's and XLM-R's <pad> is 1. RoBERTa numbers positions from
+    `pad_id + 1` (its `padding_idx + 1`), so `position_offset` is 2 there and
+    0 for BERT; with padding only at the end (how every batch here is made),
+    token t's position is `position_offset + t`, as transformers computes it.
     """
 
     def __init__(
@@ -458,9 +462,13 @@ class BertEmbeddings(keras.layers.Layer):
         type_vocab_size: int = 2,
         epsilon: float = 1e-12,
         norm_input_scale: bool = False,
+        pad_id: int = 0,
+        position_offset: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.pad_id = int(pad_id)
+        self.position_offset = int(position_offset)
         self.vocab_size = int(vocab_size)
         self.hidden_size = int(hidden_size)
         self.max_positions = int(max_positions)
@@ -487,19 +495,22 @@ class BertEmbeddings(keras.layers.Layer):
 
     def call(self, ids):
         length = ids.shape[1]
+        first = self.position_offset
         if length is None:
             length = ops.shape(ids)[1]
-        elif length > self.max_positions:
+        elif first + length > self.max_positions:
             raise ValueError(
-                f"Sequence length {length} exceeds max_positions={self.max_positions}."
+                f"Sequence length {length} exceeds max_positions={self.max_positions}"
+                + (f" less position_offset={first}." if first else ".")
             )
         x = ops.take(self.word_embeddings, ids, axis=0)  # (B, T, d)
-        x = x + ops.expand_dims(self.position_embeddings[:length], 0)  # + position t
+        positions = self.position_embeddings[first : first + length]
+        x = x + ops.expand_dims(positions, 0)  # + position offset + t
         x = x + self.token_type_embeddings[0]  # + segment A
         return self.norm(point(self, "sum", x))
 
     def compute_mask(self, ids, mask=None):
-        return ops.not_equal(ids, 0)
+        return ops.not_equal(ids, self.pad_id)
 
     def compute_output_spec(self, ids):
         return keras.KerasTensor(tuple(ids.shape) + (self.hidden_size,), dtype=self.compute_dtype)
@@ -513,6 +524,8 @@ class BertEmbeddings(keras.layers.Layer):
             "type_vocab_size": self.type_vocab_size,
             "epsilon": self.epsilon,
             **({"norm_input_scale": True} if self.norm_input_scale else {}),
+            **({"pad_id": self.pad_id} if self.pad_id else {}),
+            **({"position_offset": self.position_offset} if self.position_offset else {}),
         }
 
 

@@ -32,19 +32,21 @@ DEFAULTS = {"rule": "mse", "steps": 400, "batch_size": 16, "learning_rate": 2e-5
 
 
 # ------------------------------------------------------------------- sentences
-def distillation_ids(calibration: np.ndarray, count: int, seed: int = 0) -> np.ndarray:
-    """`count` token-id rows (0-padded to the calibration's width) made from the
-    calibration sentences: each an original, a random span of one, or two
-    joined, between [CLS] and [SEP]."""
+def distillation_ids(
+    calibration: np.ndarray, count: int, seed: int = 0, pad_id: int = 0
+) -> np.ndarray:
+    """`count` token-id rows (padded with `pad_id` to the calibration's width) made
+    from the calibration sentences: each an original, a random span of one, or
+    two joined, between the first and last token ([CLS] and [SEP], <s> and </s>)."""
     from edge_demo.contract.arrays import own_lengths
 
     rng = np.random.default_rng(seed)
-    lengths = own_lengths(calibration)
+    lengths = own_lengths(calibration, pad_id)
     rows = [calibration[i, : int(n)] for i, n in enumerate(lengths)]
     cls_id, sep_id = int(rows[0][0]), int(rows[0][-1])
     inner = [r[1:-1] for r in rows]
     width = calibration.shape[1]
-    out = np.zeros((count, width), "int32")
+    out = np.full((count, width), pad_id, "int32")
     for i in range(count):
         kind = rng.integers(3)
         a = inner[rng.integers(len(inner))]
@@ -90,7 +92,7 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
 
     from edge_demo.contract.arrays import own_lengths
     from keras_mha import qat
-    from keras_mha.pretrained.encoding import batches
+    from keras_mha.pretrained.encoding import batches, pad_id_of
     from keras_mha.rundir.embedding import read_embedding_run, write_embedding_run
     from keras_mha.rundir.writing import check_out
 
@@ -100,11 +102,12 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
     run = read_embedding_run(run_dir)
     model = run.load_model()
     calibration = run.calibration
-    recorder = qat.record(model, calibration, lengths=own_lengths(calibration))
+    pad_id = pad_id_of(model)
+    recorder = qat.record(model, calibration, lengths=own_lengths(calibration, pad_id))
     ranges = qat.choose_ranges(recorder, s["rule"])
     log(f"{run_dir}: {len(ranges)} ranges by {s['rule']!r} from {len(calibration)} sentences")
-    ids = distillation_ids(calibration, s["steps"] * s["batch_size"], s["seed"])
-    parts = batches(ids, s["batch_size"])  # similar lengths, each cut to its longest
+    ids = distillation_ids(calibration, s["steps"] * s["batch_size"], s["seed"], pad_id)
+    parts = batches(ids, s["batch_size"], pad_id)  # similar lengths, each cut to its longest
     np.random.default_rng(s["seed"]).shuffle(parts)
     xs = [x for _, x in parts]
     teacher = [np.asarray(model(x, training=False)) for x in xs]  # the float vectors

@@ -2,13 +2,14 @@
 
 Parity figures and thresholds (edge_demo.contract.parity), the embedding
 manifest (entries, manifest), eval.npz's embedding arrays (arrays), texts.json
-(bundle), tokenizer.json (wordpiece) and the dynamic-length helper of
+(bundle), tokenizer.json (subwords) and the dynamic-length helper of
 EdgeModel. No model is trained or exported: the vectors are unit vectors at
 chosen angles in the plane, so every neighbour and cosine is known by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -32,9 +33,9 @@ from edge_demo.contract.parity import (
     measure_embeddings,
     nearest,
 )
+from edge_demo.contract.subwords import Subwords
 from edge_demo.contract.tasks import TASKS
 from edge_demo.contract.tensors import TensorSpec
-from edge_demo.contract.wordpiece import WordPiece
 from edge_demo.errors import UsageError
 from edge_demo.runtimes.model import EdgeModel
 
@@ -430,7 +431,11 @@ def _with(array: np.ndarray, index, value) -> np.ndarray:
             ["x must be integer token ids of shape [N, T], got int32 [6, 5, 1]"],
         ),
         (token_ids()[:1], on_circle(FLOAT_6)[:1], ["x has 1 sentence(s)", "at least 2"]),
-        (_with(token_ids(), 3, 0), on_circle(FLOAT_6), ["at least one token (non-zero) per row"]),
+        (
+            _with(token_ids(), 3, 0),
+            on_circle(FLOAT_6),
+            ["at least one token (not the pad id 0) per row"],
+        ),
         (_with(token_ids(), (2, 0), -1), on_circle(FLOAT_6), ["ids >= 0"]),
         (
             token_ids(),
@@ -537,7 +542,7 @@ def tokenizer_json(vocab: dict[str, int] = VOCAB, padding: int | None = None) ->
 
 @pytest.mark.parametrize("padding", [None, 128])
 def test_wordpiece_encodes_unpadded_lengths_padded_to_the_longest(padding):
-    pieces = WordPiece.from_bytes(tokenizer_json(padding=padding), 16, "tokenizer.json")
+    pieces = Subwords.from_bytes(tokenizer_json(padding=padding), 16, "tokenizer.json")
     assert pieces.vocab_size == 12 and pieces.max_length == 16
     ids, lengths = pieces.encode(["The CAT sat.", "Playing", "dog"])
     assert ids.dtype == np.int32 and ids.shape == (3, 6)  # the longest, not 128
@@ -561,17 +566,17 @@ def test_wordpiece_encodes_unpadded_lengths_padded_to_the_longest(padding):
 def test_wordpiece_truncates_at_max_length_keeping_sep_last(tmp_path):
     path = tmp_path / "tokenizer.json"
     path.write_bytes(tokenizer_json(padding=128))
-    pieces = WordPiece.load(path, max_length=5)
+    pieces = Subwords.load(path, max_length=5)
     ids, lengths = pieces.encode(["the cat sat on the mat", "the cat"])
     assert ids.tolist() == [[2, 4, 5, 6, 3], [2, 4, 5, 3, 0]]
     assert lengths.tolist() == [5, 4]
     tokens, _ = pieces.pieces("the cat sat on the mat")
     assert tokens == ["[CLS]", "the", "cat", "sat", "[SEP]"]
-    refused(lambda: WordPiece.load(tmp_path / "absent.json", 5), "absent.json: cannot read it")
+    refused(lambda: Subwords.load(tmp_path / "absent.json", 5), "absent.json: cannot read it")
 
 
 def test_wordpiece_pieces_give_offsets():
-    pieces = WordPiece.from_bytes(tokenizer_json(), 16, "tokenizer.json")
+    pieces = Subwords.from_bytes(tokenizer_json(), 16, "tokenizer.json")
     tokens, offsets = pieces.pieces("The cat playing")
     assert tokens == ["[CLS]", "the", "cat", "play", "##ing", "[SEP]"]
     assert offsets == [(0, 0), (0, 3), (4, 7), (8, 12), (12, 15), (0, 0)]
@@ -580,8 +585,8 @@ def test_wordpiece_pieces_give_offsets():
 def test_wordpiece_refuses_a_pad_that_is_not_zero():
     swapped = {**VOCAB, "[PAD]": 11, ".": 0}
     refused(
-        lambda: WordPiece.from_bytes(tokenizer_json(swapped), 16, "tokenizer.json"),
-        "tokenizer.json: [PAD] has id 11; the model masks id 0, expected [PAD] = 0",
+        lambda: Subwords.from_bytes(tokenizer_json(swapped), 16, "tokenizer.json"),
+        "tokenizer.json: pad id 0 is '.', not a padding token ([PAD], <pad>); the model masks id 0",
     )
 
 
@@ -592,7 +597,7 @@ def test_wordpiece_refuses_a_pad_that_is_not_zero():
 def test_wordpiece_refuses_garbage_in_one_line(data):
     pytest.importorskip("tokenizers")
     refused(
-        lambda: WordPiece.from_bytes(data, 16, "tokenizer.json"),
+        lambda: Subwords.from_bytes(data, 16, "tokenizer.json"),
         "tokenizer.json: not a tokenizers JSON file (",
     )
 
@@ -600,7 +605,7 @@ def test_wordpiece_refuses_garbage_in_one_line(data):
 @pytest.mark.parametrize("max_length", [1, True, 16.0, None])
 def test_wordpiece_refuses_a_bad_max_length(max_length):
     refused(
-        lambda: WordPiece.from_bytes(b"{}", max_length, "tokenizer.json"),
+        lambda: Subwords.from_bytes(b"{}", max_length, "tokenizer.json"),
         "max_length must be an integer >= 2",
     )
 
@@ -631,5 +636,58 @@ def test_an_empty_task_and_a_tokenizer_without_pad_are_refused():
         Manifest.from_json(data)
     vocab = {k: v for k, v in VOCAB.items() if k != "[PAD]"}
     vocab["padding"] = 0  # id 0 is an ordinary word piece
-    with pytest.raises(UsageError, match="no \\[PAD\\] token; the model masks id 0"):
-        WordPiece.from_bytes(tokenizer_json(vocab), 16, "tokenizer.json")
+    with pytest.raises(UsageError, match="pad id 0 is 'padding', not a padding token"):
+        Subwords.from_bytes(tokenizer_json(vocab), 16, "tokenizer.json")
+
+
+# 8. A pad id other than 0 (RoBERTa's and XLM-R's <pad> is 1) -------------------------
+
+ROBERTA_VOCAB = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "the": 4, "cat": 5, "sat": 6}
+
+
+def roberta_tokenizer_json() -> bytes:
+    """A word-level tokenizer with RoBERTa's specials: <s>=0, <pad>=1, </s>=2."""
+    import tokenizers
+    from tokenizers import models, pre_tokenizers, processors
+
+    tokenizer = tokenizers.Tokenizer(models.WordLevel(ROBERTA_VOCAB, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+    tokenizer.add_special_tokens(["<s>", "<pad>", "</s>", "<unk>"])
+    return tokenizer.to_str().encode("utf-8")
+
+
+def test_a_pad_id_of_one_pads_cuts_and_checks_with_one():
+    pieces = Subwords.from_bytes(roberta_tokenizer_json(), 8, "tokenizer.json", pad_id=1)
+    ids, lengths = pieces.encode(["the cat sat", "cat"])
+    assert ids.tolist() == [[0, 4, 5, 6, 2], [0, 5, 2, 1, 1]]  # <s> is 0: not padding
+    assert lengths.tolist() == [5, 3]
+    assert EdgeModel.own_lengths(ids, 1).tolist() == [5, 3]
+    assert EdgeModel.own_lengths(ids).tolist() == [5, 5]  # 0 as the pad would cut nothing
+    vectors = on_circle([0.0, 90.0])
+    assert check_embedding_eval(ids, vectors, "eval.npz", pad_id=1).x is ids
+    refused(
+        lambda: check_embedding_eval(np.array([[0, 2], [1, 1]]), vectors, "eval.npz", pad_id=1),
+        "at least one token (not the pad id 1) per row",
+    )
+    # the pad id must be the padding token: RoBERTa's <s> (0) is not
+    refused(
+        lambda: Subwords.from_bytes(roberta_tokenizer_json(), 8, "tokenizer.json", pad_id=0),
+        "tokenizer.json: pad id 0 is '<s>', not a padding token",
+    )
+    refused(
+        lambda: Subwords.from_bytes(roberta_tokenizer_json(), 8, "tokenizer.json", pad_id=99),
+        "tokenizer.json: pad id 99 is no token, not a padding token",
+    )
+
+
+def test_the_manifest_carries_a_pad_id_and_reads_its_absence_as_zero():
+    manifest = dataclasses.replace(embedding_manifest(), pad_id=1)
+    data = json.loads(json.dumps(manifest.to_json()))
+    assert data["tokenizer"]["pad_id"] == 1
+    assert Manifest.from_json(data).pad_id == 1
+    assert "pad_id" not in embedding_json()["tokenizer"]  # BERT's bundles as they were
+    assert Manifest.from_json(embedding_json()).pad_id == 0
+    for bad in (-1, "1", True, 2**40):
+        data["tokenizer"]["pad_id"] = bad
+        refused(lambda: Manifest.from_json(data), "field 'tokenizer.pad_id' must be an integer")

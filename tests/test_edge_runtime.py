@@ -171,7 +171,7 @@ def test_unknown_and_unimportable_runtimes_are_usage_errors(monkeypatch):
 ALLOWED_TOP_LEVEL = {"numpy", "ai_edge_litert", "tflite_runtime", "tflite_micro"}
 # Hugging Face's tokenizers, for an embedding bundle's tokenizer.json: in one
 # module only, imported when such a bundle is opened.
-ALLOWED_IN = {"tokenizers": {"wordpiece.py"}}
+ALLOWED_IN = {"tokenizers": {"subwords.py"}}
 
 
 def test_edge_demo_imports_only_stdlib_numpy_and_a_runtime():

@@ -147,7 +147,7 @@ def _copy(tiny, tmp_path) -> pathlib.Path:
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"model_type": "roberta"}, "model_type 'roberta' is not supported"),
+        ({"model_type": "deberta-v2"}, "model_type 'deberta-v2' is not supported"),
         ({"position_embedding_type": "relative_key"}, "'relative_key' is not supported"),
         ({"hidden_act": "swish"}, "hidden_act 'swish' is not supported"),
         ({"num_attention_heads": 5}, "not divisible by num_attention_heads 5"),

@@ -1,5 +1,6 @@
-"""Other BERT-family checkpoints (issue 33, in part): DistilBERT, [CLS] and max
-pooling, and what an import must refuse rather than get silently wrong.
+"""Other BERT-family checkpoints (issue 33, in part): DistilBERT, RoBERTa (byte-level
+BPE, pad id 1, positions from 2), XLM-RoBERTa (Unigram), [CLS] and max pooling, and
+what an import must refuse rather than get silently wrong.
 
 Each checkpoint is a tiny random model that transformers builds and saves in the
 torch venv (tests/oracle/bert_oracle.py `tiny --family --pooling`), with
@@ -26,8 +27,26 @@ from tests.test_pretrained_oracle import oracle, torch_python
 
 SHAPE = dict(layers=2, heads=4, hidden=32, intermediate=64)
 # (family, pooling, seed): a DistilBERT pooling its [CLS] token (as bge-small and
-# arctic-embed pool), a BERT taking the max over its tokens.
-KINDS = {"distilbert-cls": ("distilbert", "cls", 11), "bert-max": ("bert", "max", 12)}
+# arctic-embed pool), a BERT taking the max over its tokens, a RoBERTa with mean
+# pooling (all-distilroberta-v1's), an XLM-R pooling its first token <s>.
+KINDS = {
+    "distilbert-cls": ("distilbert", "cls", 11),
+    "bert-max": ("bert", "max", 12),
+    "roberta-mean": ("roberta", "mean", 13),
+    "xlm-roberta-cls": ("xlm-roberta", "cls", 14),
+}
+# What tokenizers differ on: accents, capitals, digits, punctuation inside words.
+TRICKY = [
+    "Café Müller paid 1,234.50 EUR in 2024 — naïve, isn't it?",
+    "THE ANIMAL didn't cross the street; Zoë's façade costs 3x more.",
+]
+# config.json's architectures of each family's sequence classifier
+CLASSIFIERS = {
+    "bert": "BertForSequenceClassification",
+    "distilbert": "DistilBertForSequenceClassification",
+    "roberta": "RobertaForSequenceClassification",
+    "xlm-roberta": "XLMRobertaForSequenceClassification",
+}
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS))
@@ -36,7 +55,7 @@ def checkpoint(request, tmp_path_factory):
     family, pooling, seed = KINDS[request.param]
     python = torch_python()
     root = tmp_path_factory.mktemp(request.param)
-    sentences = corpus.sentences()[:21] + sorted(corpus.sentences(), key=len)[-2:]
+    sentences = corpus.sentences()[:21] + sorted(corpus.sentences(), key=len)[-2:] + TRICKY
     (root / "sentences.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
     options = [f"--{k}={v}" for k, v in SHAPE.items()]
     oracle(python, "tiny", root / "model", *options, "--seed", seed,
@@ -47,6 +66,7 @@ def checkpoint(request, tmp_path_factory):
         ref = {k: z[k] for k in z.files}
     assert str(ref["pooling"][0]) == pooling and bool(ref["normalize"][0])
     # what sentence-transformers gives is what the checkpoint's pooling gives
+    ref["mean_embeddings"] = ref["embeddings"]  # the oracle's own mean pooling
     ref["embeddings"] = ref["st_embeddings"]
     return {"dir": root / "model", "root": root, "sentences": sentences, "ref": ref,
             "family": family, "pooling": pooling}  # fmt: skip
@@ -65,11 +85,11 @@ def test_the_encoder_gives_what_sentence_transformers_gives(checkpoint):
     diffs = _compare(encoder.embed_ids(ids), encoder.attention(ids), ref)
     assert len(diffs) == 1 + SHAPE["layers"] and max(diffs.values()) <= TOLERANCE, diffs
     # the other poolings differ by far more: the test can tell them apart
-    others = {k: ref[k] for k in ("embeddings", "cls_embeddings", "max_embeddings")}
-    mean = {"cls": "cls_embeddings", "max": "max_embeddings"}[checkpoint["pooling"]]
-    assert np.abs(others[mean] - ref["st_embeddings"]).max() <= TOLERANCE
-    wrong = ref["cls_embeddings" if checkpoint["pooling"] == "max" else "max_embeddings"]
-    assert np.abs(wrong - ref["st_embeddings"]).max() > 100 * TOLERANCE
+    pooled = {"mean": "mean_embeddings", "cls": "cls_embeddings", "max": "max_embeddings"}
+    declared = pooled.pop(checkpoint["pooling"])
+    assert np.abs(ref[declared] - ref["st_embeddings"]).max() <= TOLERANCE
+    for other in pooled.values():
+        assert np.abs(ref[other] - ref["st_embeddings"]).max() > 100 * TOLERANCE, other
 
 
 def test_head_i_of_every_family_is_query_kernel_column_block_i(checkpoint):
@@ -145,9 +165,7 @@ def test_a_sequence_classifier_is_refused_not_imported_as_an_encoder(checkpoint,
     """A head the import would drop (a classifier's labels) is refused in one line."""
     directory = _copy(checkpoint, tmp_path)
     config = json.loads((directory / "config.json").read_text())
-    head = "BertForSequenceClassification" if checkpoint["family"] == "bert" else (
-        "DistilBertForSequenceClassification"
-    )  # fmt: skip
+    head = CLASSIFIERS[checkpoint["family"]]
     config.update(architectures=[head], id2label={"0": "neg", "1": "pos", "2": "neutral"})
     (directory / "config.json").write_text(json.dumps(config))
     message = _refused(directory, f"architecture {head} is not imported")
@@ -249,3 +267,22 @@ def test_max_pooling_never_takes_a_padded_position():
     out = ops.convert_to_numpy(MaskedMaxPooling()(x, mask=mask))
     np.testing.assert_array_equal(out, [[3.0, -1.0]])
     np.testing.assert_array_equal(ops.convert_to_numpy(MaskedMaxPooling()(x)), [[50.0, 40.0]])
+
+
+def test_roberta_families_pad_with_one_and_number_positions_from_two(checkpoint):
+    """RoBERTa and XLM-R: <pad> = 1 is masked, <s> = 0 is a token, token t reads position 2 + t."""
+    from keras_mha.pretrained import load
+
+    encoder = load(checkpoint["dir"], max_length=64)
+    embedding = encoder.model.get_layer("embedding")
+    ref = checkpoint["ref"]
+    roberta = checkpoint["family"] in ("roberta", "xlm-roberta")
+    pad = 1 if roberta else 0
+    assert (embedding.pad_id, embedding.position_offset) == ((1, 2) if roberta else (0, 0))
+    assert int(ref.get("pad_id", [0])[0]) == pad == encoder.tokenizer.pad_id
+    ids = ref["input_ids"]
+    np.testing.assert_array_equal(ids != pad, ref["attention_mask"].astype(bool))
+    if roberta:
+        assert (ids[:, 0] == 0).all()  # <s> is id 0 and a real token
+        with pytest.raises(ValueError, match="exceeds the checkpoint's max_position_embeddings"):
+            load(checkpoint["dir"], max_length=65)  # 66 rows, the first two unused

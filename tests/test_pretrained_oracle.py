@@ -393,7 +393,7 @@ SMALL = ["--layers=1", "--heads=1", "--hidden=8", "--intermediate=4"]
             "4",
         ],
         ["tiny", "{tmp}/m", *SMALL, "--no-normalize"],  # without --pooling
-        ["tiny", "{tmp}/m", *SMALL, "--family", "roberta"],
+        ["tiny", "{tmp}/m", *SMALL, "--family", "gpt2"],
         ["tiny", "{tmp}/m", *SMALL, "--pooling", "weightedmean"],
         ["unknown"],
     ],

@@ -172,7 +172,7 @@ def test_the_named_head_opens_its_layer_unless_told_otherwise():
     assert plain["joined"] == [False] * 16
 
 
-# A WordPiece vocabulary with the lesson's words, a word in three pieces and "it" inside one.
+# A Subwords vocabulary with the lesson's words, a word in three pieces and "it" inside one.
 PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "animal", "didn", "'", "t", "ex", "##it",
           ",", "it", "was", "un", "##believ", "##able", "."]  # fmt: skip
 
@@ -180,10 +180,10 @@ PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "animal", "didn", "'", "t",
 def test_word_pieces_are_shown_as_typed_and_the_pronoun_is_a_whole_word():
     from test_edge_embedding import tokenizer_json
 
-    from edge_demo.contract.wordpiece import WordPiece
+    from edge_demo.contract.subwords import Subwords
     from edge_demo.view.page import initial_query
 
-    pieces = WordPiece.from_bytes(
+    pieces = Subwords.from_bytes(
         tokenizer_json({t: i for i, t in enumerate(PIECES)}), 32, "tokenizer.json"
     )
     text = "The animal didn't EXIT, it was unbelievable. Zebra"

@@ -34,7 +34,8 @@ def main(bundle: pathlib.Path, out: pathlib.Path) -> int:
         )
         interpreter.allocate_tensors()
         (inp,), (outp,) = interpreter.get_input_details(), interpreter.get_output_details()
-        lengths = EdgeModel.own_lengths(x) if entry.get("dynamic_length") else None
+        pad_id = (manifest.get("tokenizer") or {}).get("pad_id", 0)  # RoBERTa's is 1
+        lengths = EdgeModel.own_lengths(x, pad_id) if entry.get("dynamic_length") else None
         rows = []
         for i, sample in enumerate(TensorSpec.from_detail(inp).quantize(x)):
             if lengths is not None:

@@ -10,7 +10,7 @@ The mode shown: `--quant MODE`; with `all` or several modes, the first
 verified of int8, int16x8, float32, then any other, in that order
 (`view_mode`): an integer mode is what a device runs, float32 the fallback.
 
-An encoder's word pieces are shown as typed (`WordPiece.typed`: the text
+An encoder's word pieces are shown as typed (`Subwords.typed`: the text
 each covers, case kept; [CLS] and [SEP] by name), a piece typed right after
 the one before it joined to it; the page opens on the first pronoun
 (`view.page.initial_query`). When the manifest names the best coreference
@@ -72,8 +72,10 @@ def write_view(
     entry = bundle.manifest.models[mode]
     check = entry.attention
     if entry.dynamic_length:  # the sentence at its own length, as the device runs it
-        x = x[: int(EdgeModel.own_lengths(x[None])[0])]
-    model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
+        x = x[: int(EdgeModel.own_lengths(x[None], bundle.pad_id)[0])]
+    model = EdgeModel(
+        runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)), bundle.pad_id
+    )
     try:
         model.check_manifest(entry)
         probs = model.predict(x[None])[0]

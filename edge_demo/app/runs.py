@@ -141,6 +141,7 @@ def _classify(
             runtime_content(bundle, mode, runtime),
             options.threads,
             str(bundle.path(entry.file)),
+            bundle.pad_id,
         )
         try:
             model.check_manifest(entry)

@@ -37,7 +37,11 @@ def embed(
     """Token ids (N, T) -> (N, d) float32 vectors in `mode`, one sentence at a time."""
     entry = runtime_entry(bundle.manifest.models[mode], runtime)
     model = EdgeModel(
-        runtime, runtime_content(bundle, mode, runtime), threads, str(bundle.path(entry.file))
+        runtime,
+        runtime_content(bundle, mode, runtime),
+        threads,
+        str(bundle.path(entry.file)),
+        bundle.pad_id,
     )
     try:
         model.check_manifest(entry)

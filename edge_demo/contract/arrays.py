@@ -276,17 +276,20 @@ def check_probabilities(probs: np.ndarray, where: str | os.PathLike, name: str =
 UNIT_NORM_TOLERANCE = 1e-3
 
 
-def own_lengths(ids: np.ndarray) -> np.ndarray:
-    """Each row's length without its trailing padding (id 0), at least 1: the
-    length a dynamic-length model runs a sentence at (device, calibration)."""
-    nonzero = np.asarray(ids) != 0
+def own_lengths(ids: np.ndarray, pad_id: int = 0) -> np.ndarray:
+    """Each row's length without its trailing padding (`pad_id`: BERT's 0,
+    RoBERTa's 1), at least 1: the length a dynamic-length model runs a
+    sentence at (device, calibration)."""
+    nonzero = np.asarray(ids) != pad_id
     last = nonzero.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
     return np.where(nonzero.any(1), last, 1)
 
 
-def check_embedding_eval(x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike) -> EvalData:
-    """An embedding model's `eval.npz`: token ids `x (N, T)` (0-padded, each row at
-    least one token) and the float model's unit vectors `embeddings (N, d)`."""
+def check_embedding_eval(
+    x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike, pad_id: int = 0
+) -> EvalData:
+    """An embedding model's `eval.npz`: token ids `x (N, T)` (padded with `pad_id`,
+    each row at least one token) and the float model's unit vectors `embeddings (N, d)`."""
     check_inputs(x, where, "x")
     n = x.shape[0]
     if x.ndim != 2 or x.dtype.kind not in "iu":
@@ -295,8 +298,11 @@ def check_embedding_eval(x: np.ndarray, vectors: np.ndarray, where: str | os.Pat
         raise UsageError(f"x has {n} sentence(s); nearest neighbours need at least 2", where)
     if x.shape[1] < 1:
         raise UsageError("x has no token positions (shape [N, 0])", where)
-    if int(x.min()) < 0 or not (x != 0).any(1).all():
-        raise UsageError("x must hold ids >= 0 with at least one token (non-zero) per row", where)
+    if int(x.min()) < 0 or not (x != pad_id).any(1).all():
+        raise UsageError(
+            f"x must hold ids >= 0 with at least one token (not the pad id {pad_id}) per row",
+            where,
+        )
     if vectors.ndim != 2 or vectors.shape[0] != n or vectors.dtype.kind != "f":
         raise UsageError(
             f"embeddings must be float of shape [{n}, d], got {_describe(vectors)}", where

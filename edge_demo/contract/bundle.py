@@ -35,10 +35,10 @@ from .entries import EvalSpec, FileRef, ModelEntry
 from .files import inside, read_inside, sha256_bytes, tflite_problem, write_bytes_atomic
 from .flatbuffer import index_problem
 from .manifest import MANIFEST, MODES, Manifest, ordered
+from .subwords import Subwords
 from .tasks import Task
 from .tasks import get as get_task
 from .vocab import MAX_VOCAB_BYTES, Vocab
-from .wordpiece import WordPiece
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,12 +56,17 @@ class Bundle:
     attention: list[np.ndarray] | None = None
     # An embedding model: the eval sentences (texts.json) and its tokenizer.
     texts: tuple[str, ...] = ()
-    tokenizer: WordPiece | None = None
+    tokenizer: Subwords | None = None
 
     @property
     def task(self) -> Task:
         """What the bundle is for (tasks/)."""
         return self.manifest.task
+
+    @property
+    def pad_id(self) -> int:
+        """The id that pads an input and that the model masks (manifest's; 0: BERT's [PAD])."""
+        return self.manifest.pad_id
 
     def path(self, name: str) -> pathlib.Path:
         """A file of the bundle, as messages name it."""
@@ -105,7 +110,7 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
     return data
 
 
-def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
+def load_eval(root: pathlib.Path, spec: EvalSpec, pad_id: int = 0) -> EvalData:
     """`eval.npz`: sha256, the manifest's shape and dtype, then the task's check
     (`Task.check_eval`: `arrays.check_eval` for a classifier).
 
@@ -143,7 +148,7 @@ def load_eval(root: pathlib.Path, spec: EvalSpec) -> EvalData:
             f"got {outputs.dtype.name} {list(outputs.shape)}",
             path,
         )
-    return task.check_eval(arrays, path)
+    return task.check_eval(arrays, path, pad_id)
 
 
 def check_text_inputs(vocab: Vocab, x: np.ndarray, where: str | os.PathLike) -> None:
@@ -184,7 +189,7 @@ def open_bundle(root: str | os.PathLike, quant: str | None = None) -> Bundle:
     manifest = Manifest.read(root)
     modes = select_modes(manifest, quant)
     model_bytes = {mode: read_model(root, manifest.models[mode]) for mode in modes}
-    evaluation = load_eval(root, manifest.eval)
+    evaluation = load_eval(root, manifest.eval, manifest.pad_id)
     if len(evaluation.x) != manifest.eval.samples:
         raise UsageError(
             f"has {len(evaluation.x)} samples, manifest.json says {manifest.eval.samples}",

@@ -64,6 +64,7 @@ class Manifest:
     texts: FileRef | None = None
     tokenizer: FileRef | None = None
     max_length: int | None = None
+    pad_id: int = 0  # the id that pads x and that the model masks (RoBERTa's <pad>: 1)
     # Optional: the best coreference head (keras-mha-heads coref), written only when set.
     coref_head: CorefHead | None = None
 

@@ -116,7 +116,11 @@ def run_debug(
     )
     try:
         rows = debugger.debug_mode(
-            bundle.model_bytes["float32"], bundle.model_bytes[mode], x, num_heads=heads
+            bundle.model_bytes["float32"],
+            bundle.model_bytes[mode],
+            x,
+            num_heads=heads,
+            pad_id=bundle.pad_id,
         )
         floats = (
             debugger.float_ops(bundle.model_bytes[mode]) if mode in debugger.INTEGER_MODES else ()

@@ -20,7 +20,7 @@ matched: debug the named file.
 
 A dynamic-length model (input `[1, -1]`: token ids, an embedding bundle's
 `dynamic_length`) runs each sample at its own length, as the device does
-(`EdgeModel.own_lengths`: up to its last non-[PAD] id). Its tensors' shapes
+(`EdgeModel.own_lengths`: up to its last id that is not the pad id). Its tensors' shapes
 then differ between samples: the errors are over every sample's values
 (flattened, concatenated), a row's shape has -1 (`?` in the table) in each
 dim that changes with the length, and those dims are never the head axis.
@@ -89,7 +89,7 @@ def _signature(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
 
 
 def _trace(
-    content: bytes, x: np.ndarray
+    content: bytes, x: np.ndarray, pad_id: int = 0
 ) -> tuple[dict, dict[int, list[np.ndarray]], dict[int, str], dict[int, str], dict]:
     """Run every sample with all tensors kept.
 
@@ -137,7 +137,7 @@ def _trace(
     ]
     shapes = {i: tuple(int(d) for d in details[i]["shape"]) for i in details}
     prepared = TensorSpec.from_detail(entry).quantize(x)
-    lengths = EdgeModel.own_lengths(prepared) if dynamic else None
+    lengths = EdgeModel.own_lengths(prepared, pad_id) if dynamic else None
     allocated = int(entry["shape"][-1])
 
     def invoke(row: np.ndarray) -> None:
@@ -220,6 +220,7 @@ def debug_mode(
     mode_bytes: bytes,
     inputs: np.ndarray,
     num_heads: int | None = None,
+    pad_id: int = 0,
 ) -> list[DebugRow]:
     """Per-tensor (and per-head) error of a mode against float32, worst first.
 
@@ -228,13 +229,14 @@ def debug_mode(
         mode_bytes: the model to debug (any mode, float32 included).
         inputs: samples `(N, ...)` as eval.npz holds them (floats or token ids).
         num_heads: attention heads per layer, for per-head rows (None: none).
+        pad_id: what pads token ids (a dynamic-length model runs rows without it).
 
     Raises:
         ValueError: no tensor names match (e.g. a stripped deploy file).
     """
     x = np.asarray(inputs)
-    f_details, f_values, _, f_roles, _ = _trace(float_bytes, x)
-    m_details, m_values, producers, m_roles, m_shapes = _trace(mode_bytes, x)
+    f_details, f_values, _, f_roles, _ = _trace(float_bytes, x, pad_id)
+    m_details, m_values, producers, m_roles, m_shapes = _trace(mode_bytes, x, pad_id)
     float_keys = _by_name(f_details, f_values, f_roles)
     rows = []
     for key, index in _by_name(m_details, m_values, m_roles).items():

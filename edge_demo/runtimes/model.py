@@ -58,8 +58,16 @@ class EdgeModel:
         UsageError: the runtime cannot load the model.
     """
 
-    def __init__(self, runtime: Runtime, content: bytes, threads: int = 1, where: str = "model"):
+    def __init__(
+        self,
+        runtime: Runtime,
+        content: bytes,
+        threads: int = 1,
+        where: str = "model",
+        pad_id: int = 0,
+    ):
         self.runtime = runtime
+        self.pad_id = int(pad_id)  # what pads a row: a dynamic-length model runs it cut off
         self.where = where
         start = time.perf_counter()
         with captured_stderr() as captured:
@@ -224,7 +232,7 @@ class EdgeModel:
         clock = time.perf_counter_ns
         # A dynamic-length model runs each sentence at its own length; the
         # resize (when the length changes) is timed with the sample.
-        lengths = self.own_lengths(prepared) if self.dynamic_length else None
+        lengths = self.own_lengths(prepared, self.pad_id) if self.dynamic_length else None
         resize = self._resize
         i, began = 0, clock()
         try:

@@ -187,7 +187,7 @@ def run_mode(
     content = runtime_content(bundle, mode, runtime)
     gc.collect()
     memory = _PeakMemory()
-    model = EdgeModel(runtime, content, threads, str(bundle.path(entry.file)))
+    model = EdgeModel(runtime, content, threads, str(bundle.path(entry.file)), bundle.pad_id)
     try:
         model.check_manifest(entry)
         raw, latencies_ns = model.run(
@@ -256,7 +256,9 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
         return {"failures": []}
     found: dict = {"attention_thresholds": check.thresholds, "failures": []}
     samples = reference[0].shape[0]
-    model = EdgeModel(runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)))
+    model = EdgeModel(
+        runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)), bundle.pad_id
+    )
     try:
         model.check_manifest(entry)
         outputs = model.run_signature(check.signature, bundle.eval.x[:samples])

@@ -98,7 +98,7 @@ class ViewData:
 def initial_query(tokens: Sequence[str], joined: Sequence[bool] | None = None) -> int | None:
     """The first pronoun's position (the page opens on its row), or None.
 
-    With `joined` (word pieces as typed, `WordPiece.typed`), a pronoun is a
+    With `joined` (word pieces as typed, `Subwords.typed`), a pronoun is a
     whole word: not joined to the piece before it, nor followed by a joined
     letter or digit ("it" of "exit" or "itself" is none; "it" of "it's" is).
     """

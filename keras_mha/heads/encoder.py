@@ -30,7 +30,13 @@ from keras_mha.heads.reconstruction import output_matrix, refit
 from keras_mha.heads.selection import check_fraction
 from keras_mha.heads.surgery import ffn_layers
 from keras_mha.model import encoder_blocks
-from keras_mha.pretrained.encoding import BATCH_SIZE, batches, build_pruned_encoder, embed
+from keras_mha.pretrained.encoding import (
+    BATCH_SIZE,
+    batches,
+    build_pruned_encoder,
+    embed,
+    pad_id_of,
+)
 
 KINDS = ("auto", "classifier", "encoder")
 METHODS = ("jacobian", "ablation")
@@ -43,7 +49,7 @@ JVP_BATCH_SIZE = 8  # sentences per Jacobian batch (times a layer's heads)
 
 # ------------------------------------------------------------------ the model
 def _stem(model, xb):
-    """The embedding's output and the mask `ids != 0` for ids `xb` (B, T)."""
+    """The embedding's output and its mask `ids != pad_id` for ids `xb` (B, T)."""
     from keras import ops
 
     embedding = model.get_layer("embedding")
@@ -127,7 +133,7 @@ def head_effects(
         )
     constants = [tf.constant(m) for m in head_masks]
     out = [np.zeros((len(m), len(ids)), "float64") for m in head_masks]
-    for rows, xb in batches(ids, batch_size):
+    for rows, xb in batches(ids, batch_size, pad_id_of(model)):
         inputs, mask, reference = _block_inputs(model, blocks, xb, constants)
         reference = np.asarray(reference, "float64")
         b = len(rows)
@@ -389,7 +395,7 @@ def reconstruct_encoder(
             f"{len(teacher)} blocks"
         )
     ffn_ridge = ridge if ffn_ridge is None else ffn_ridge
-    stems = [_stem(original, xb) for _, xb in batches(ids, batch_size)]
+    stems = [_stem(original, xb) for _, xb in batches(ids, batch_size, pad_id_of(original))]
     masks = [m for _, m in stems]
     t_x = s_x = [x for x, _ in stems]
     report = []

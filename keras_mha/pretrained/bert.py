@@ -6,9 +6,9 @@
            token [CLS], or the max over the real tokens) -> L2 normalisation
 
 This is the model sentence-transformers runs for all-MiniLM-L6-v2 (6 layers,
-12 heads, d_model 384, d_k 32, mean pooling), and for BERT and DistilBERT
-checkpoints with other shapes and poolings (config.json's `model_type`:
-`NAMES` has each family's tensor names). Every block is the project's
+12 heads, d_model 384, d_k 32, mean pooling), and for BERT, DistilBERT,
+RoBERTa and XLM-RoBERTa checkpoints with other shapes and poolings
+(config.json's `model_type`: `NAMES` has each family's tensor names). Every block is the project's
 `TransformerEncoderBlock`, so its attention is `keras_mha.MultiHeadAttention`
 and head analysis, export and the device treat it as they treat the
 classifiers. DistilBERT has no token types: its token type embedding is one
@@ -25,9 +25,10 @@ stores a Linear as `(out, in)`. The query matrix `Q` of layer l (BERT's
 DistilBERT's `attention.out_lin`) transposed and reshaped to
 `(h, d_v, d_model)`, so `output_kernel[i]` reads head i.
 
-Token id 0 is [PAD] (both families): the mask is `ids != 0`, as for the
-classifiers' `Embedding(mask_zero=True)`; padded keys get no attention and
-pooling skips padded positions.
+The mask is `ids != pad_token_id` (config.json's: BERT's and DistilBERT's
+[PAD] is 0, RoBERTa's and XLM-R's <pad> is 1); padded keys get no attention
+and pooling skips padded positions. RoBERTa and XLM-R number positions from
+pad_token_id + 1 (`BertConfig.position_offset`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def build_encoder(
         config.max_positions,
         config.type_vocab_size,
         config.layer_norm_eps,
+        pad_id=config.pad_token_id,  # the mask: ids != pad_id
+        position_offset=config.position_offset,  # RoBERTa's positions start at pad_id + 1
         name="embedding",
     )(ids)
     for i, heads in enumerate(heads_per_layer):
@@ -104,7 +107,8 @@ def build_encoder(
 # (d_model, h * d_k), and head i's W_i^Q is its columns i*d_k:(i+1)*d_k, so
 # reshaping it to (d_model, h, d_k) is our `query_kernel` with
 # `query_kernel[:, i, :]` = W_i^Q (`head_kernel` below), the same for every
-# family: BERT's `attention.self.query`, DistilBERT's `attention.q_lin`.
+# family: BERT's, RoBERTa's and XLM-R's `attention.self.query`, DistilBERT's
+# `attention.q_lin`.
 NAMES = {
     "bert": {
         "prefixes": ("", "bert."),
@@ -139,6 +143,10 @@ NAMES = {
         "ffn_norm": "output_layer_norm",
     },
 }
+# RoBERTa and XLM-RoBERTa store BERT's names (transformers' RobertaSelfAttention is
+# BertSelfAttention's layout): head i is query_kernel[:, i, :] there too.
+for _kind in ("roberta", "xlm-roberta"):
+    NAMES[_kind] = {**NAMES["bert"], "prefixes": ("", "roberta.")}
 
 
 # Tensors of task heads (transformers' *ForSequenceClassification, ...ForTokenClassification,

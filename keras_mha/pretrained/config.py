@@ -45,6 +45,17 @@ FAMILIES = {
         "architectures": ("DistilBertModel", "DistilBertForMaskedLM"),
     },
 }
+# RoBERTa and XLM-RoBERTa keep BERT's keys and tensor names; they differ in the
+# pad id (config.json's pad_token_id, 1), positions numbered from pad_id + 1,
+# one token type and their tokenizers (byte-level BPE, Unigram).
+for _kind, _name in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta")):
+    FAMILIES[_kind] = {
+        **FAMILIES["bert"],
+        "type_vocab_size": 1,
+        "pad_token_id": 1,  # when config.json does not say (transformers' default)
+        "architectures": (f"{_name}Model", f"{_name}ForMaskedLM"),
+        "positions_after_pad": True,  # position t is pad_id + 1 + t (transformers' padding_idx)
+    }
 MODEL_TYPES = tuple(FAMILIES)
 POOLINGS = ("mean", "cls", "max")  # sentence-transformers' pooling modes we build
 # Hugging Face's activation names and ours (TransformerEncoderBlock).
@@ -76,6 +87,16 @@ class BertConfig:
     @property
     def key_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def position_offset(self) -> int:
+        """The position row of the first token: 0, or pad_id + 1 for RoBERTa and XLM-R."""
+        return self.pad_token_id + 1 if FAMILIES[self.family].get("positions_after_pad") else 0
+
+    @property
+    def max_length(self) -> int:
+        """The longest input the position table holds (RoBERTa's 514 rows give 512)."""
+        return self.max_positions - self.position_offset
 
     @property
     def heads(self) -> list[int]:
@@ -149,7 +170,7 @@ class BertConfig:
             # DistilBERT's LayerNorms are nn.LayerNorm(dim, eps=1e-12), not in its config
             layer_norm_eps=data.get("layer_norm_eps", 1e-12),
             activation=ACTIVATIONS[act],
-            pad_token_id=data.get("pad_token_id", 0),
+            pad_token_id=data.get("pad_token_id", family.get("pad_token_id", 0)),
             family=kind,
         )
         config.validate(where)
@@ -183,10 +204,15 @@ class BertConfig:
             raise UsageError(f"pooling {self.pooling!r} is not one of {POOLINGS}", where)
         if self.activation not in ACTIVATIONS.values():
             raise UsageError(f"activation {self.activation!r} is not supported", where)
-        if self.pad_token_id != 0:
+        pad = self.pad_token_id
+        if isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < self.vocab_size:
             raise UsageError(
-                f"pad_token_id {self.pad_token_id} is not supported; expected 0 "
-                "(the mask is `ids != 0`)",
+                f"pad_token_id must be a token id in 0..{self.vocab_size - 1}, got {pad!r}", where
+            )
+        if self.max_length < 2:
+            raise UsageError(
+                f"max_position_embeddings {self.max_positions} leaves {self.max_length} "
+                "positions after the pad offset; expected at least 2",
                 where,
             )
         heads = self.heads_per_layer

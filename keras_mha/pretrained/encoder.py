@@ -7,7 +7,7 @@ import pathlib
 
 import numpy as np
 
-from edge_demo.contract.wordpiece import WordPiece
+from edge_demo.contract.subwords import Subwords
 from keras_mha.pretrained.bert import build_encoder, load_weights
 from keras_mha.pretrained.checkpoint import Checkpoint, resolve
 from keras_mha.pretrained.config import BertConfig
@@ -21,7 +21,7 @@ class Encoder:
 
     model: object  # keras.Model, built by bert.build_encoder
     config: BertConfig
-    tokenizer: WordPiece
+    tokenizer: Subwords
     checkpoint: Checkpoint | None = None
 
     @property
@@ -29,7 +29,7 @@ class Encoder:
         return self.tokenizer.max_length
 
     def tokenize(self, texts: list[str], length: int | None = None) -> np.ndarray:
-        """Token ids (N, T) int32, 0-padded to `length` or to the longest sentence."""
+        """Token ids (N, T) int32, padded (pad_token_id) to `length` or to the longest sentence."""
         return self.tokenizer.encode(list(texts), length)[0]
 
     def embed_ids(self, ids: np.ndarray, batch_size: int = 32) -> np.ndarray:
@@ -75,12 +75,14 @@ def load(
     honour.
     """
     checkpoint = resolve(str(source))
-    if max_length > checkpoint.config.max_positions:
+    config = checkpoint.config
+    if max_length > config.max_length:
+        offset = f" less the first position {config.position_offset}"
         raise ValueError(
             f"max_length {max_length} exceeds the checkpoint's max_position_embeddings "
-            f"{checkpoint.config.max_positions}"
+            f"{config.max_positions}" + (offset if config.position_offset else "")
         )
-    tokenizer = WordPiece.load(checkpoint.tokenizer_file, max_length)
+    tokenizer = Subwords.load(checkpoint.tokenizer_file, max_length, config.pad_token_id)
     if tokenizer.vocab_size > checkpoint.config.vocab_size:
         raise ValueError(
             f"{checkpoint.tokenizer_file}: {tokenizer.vocab_size} tokens; the model embeds "

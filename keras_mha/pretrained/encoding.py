@@ -1,6 +1,7 @@
 """Running a `bert.build_encoder` model over many sentences, and building a pruned one.
 
-- `batches`: token ids in batches of similar length, each cut to its longest.
+- `batches`: token ids in batches of similar length, each cut to its longest;
+  `pad_id_of(model)`: the id the encoder masks.
 - `embed`: (N, d) unit vectors, optionally with head masks (head analysis).
 - `build_pruned_encoder`: the encoder with its own heads per layer.
 
@@ -36,17 +37,26 @@ def build_pruned_encoder(config, heads_per_layer: list[int], key_dim: int):
     return build_encoder(config, heads_per_layer=[int(h) for h in heads_per_layer], key_dim=key_dim)
 
 
-def batches(ids: np.ndarray, batch_size: int = BATCH_SIZE) -> list[tuple[np.ndarray, np.ndarray]]:
+def pad_id_of(model) -> int:
+    """The id an encoder's embedding masks (`BertEmbeddings.pad_id`: 0, RoBERTa's 1)."""
+    return int(model.get_layer("embedding").pad_id)
+
+
+def batches(
+    ids: np.ndarray, batch_size: int = BATCH_SIZE, pad_id: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """`(rows, ids[rows] trimmed)` batches of similar length, shortest first.
 
-    Each batch is cut after its last non-pad column (at least one), which
-    does not change a vector: padding is masked (bert.py).
+    Each batch is cut after its last column that is not `pad_id` (at least
+    one), which does not change a vector: padding is masked (bert.py).
     """
     ids = np.asarray(ids, np.int32)
     if ids.ndim != 2:
         raise UsageError(f"expected token ids (N, T), got shape {ids.shape}")
     columns = np.arange(ids.shape[1])[None]
-    ends = np.where(ids != 0, columns + 1, 0).max(axis=1) if ids.shape[1] else np.zeros(len(ids))
+    ends = (
+        np.where(ids != pad_id, columns + 1, 0).max(axis=1) if ids.shape[1] else np.zeros(len(ids))
+    )
     order = np.argsort(ends, kind="stable")
     out = []
     for start in range(0, len(ids), batch_size):
@@ -63,6 +73,6 @@ def embed(model, ids: np.ndarray, head_masks=None, batch_size: int = BATCH_SIZE)
 
     d = int(model.outputs[0].shape[-1])
     out = np.zeros((len(ids), d), np.float32)
-    for rows, xb in batches(ids, batch_size):
+    for rows, xb in batches(ids, batch_size, pad_id_of(model)):
         out[rows] = ops.convert_to_numpy(encoder_forward(model, xb, head_masks=head_masks))
     return out

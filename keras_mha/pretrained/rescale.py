@@ -93,7 +93,7 @@ def norm_ranges(model, ids: np.ndarray) -> list[NormRange]:
 
 def measure(model, ids: np.ndarray) -> tuple[list[NormRange], list[np.ndarray]]:
     """(each LayerNorm's input and output channel maxima, each block's FFN hidden
-    unit maxima after the activation) over `ids` (N, T), 0-padded.
+    unit maxima after the activation) over `ids` (N, T), padded with the model's pad id.
 
     Every sentence runs at its own length, as the device runs it, so padding
     never enters the ranges.
@@ -101,6 +101,7 @@ def measure(model, ids: np.ndarray) -> tuple[list[NormRange], list[np.ndarray]]:
     from keras import ops
 
     from keras_mha.model import encoder_blocks
+    from keras_mha.pretrained.encoding import pad_id_of
 
     norms = _norms(model)
     hidden_layers = [block._ffn_in for block in encoder_blocks(model)]
@@ -134,8 +135,9 @@ def measure(model, ids: np.ndarray) -> tuple[list[NormRange], list[np.ndarray]]:
         dense.call = recording_hidden(i, dense.call)
     ids = np.asarray(ids)
     try:
-        for row, n in zip(ids, own_lengths(ids)):  # as the device and calibration cut them
-            if row.any():
+        pad_id = pad_id_of(model)
+        for row, n in zip(ids, own_lengths(ids, pad_id)):  # as the device and calibration cut them
+            if (row != pad_id).any():
                 model(row[None, : int(n)])
     finally:
         for layer in (*norms, *hidden_layers):

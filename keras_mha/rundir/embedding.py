@@ -3,7 +3,8 @@
     RUN/
       model.keras      the encoder (keras_mha.pretrained.bert.build_encoder), ids -> unit vectors
       metrics.json     {"task": "embedding", "dataset", "seed", "config", "max_length", "source"}
-      eval.npz         x (N, T) int32 token ids, 0-padded; embeddings (N, d): the model's vectors
+      eval.npz         x (N, T) int32 token ids, padded with the config's pad_token_id;
+                       embeddings (N, d): the model's vectors
       calibration.npz  x (M, T') token ids (int8 calibration)
       texts.json       the eval sentences, one per row of x
       tokenizer.json   the checkpoint's tokenizer (Hugging Face tokenizers)
@@ -14,7 +15,7 @@ metrics.json's `config` is a `BertConfig`; a pruned run's has `heads_per_layer`
 (the model's heads per layer; `load_model` checks them).
 
 Read and written with the device's own checks (`check_embedding_eval`,
-`parse_texts`, `WordPiece`), so export cannot bundle what the device refuses.
+`parse_texts`, `Subwords`), so export cannot bundle what the device refuses.
 Written whole or not at all (staged beside `out`, then renamed).
 """
 
@@ -32,9 +33,9 @@ from edge_demo.contract import arrays
 from edge_demo.contract.arrays import EvalData, check_embedding_eval
 from edge_demo.contract.files import staging_dir, swap_into_place
 from edge_demo.contract.lists import parse_texts, texts_json
+from edge_demo.contract.subwords import Subwords
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.embedding import Embedding
-from edge_demo.contract.wordpiece import WordPiece
 from edge_demo.errors import UsageError
 from keras_mha.rundir.tasks import check_task
 from keras_mha.rundir.writing import check_out
@@ -59,10 +60,15 @@ class EmbeddingRun:
     eval: EvalData  # x, y (float nearest neighbours), probs = the float vectors
     calibration: np.ndarray
     texts: tuple[str, ...]
-    tokenizer: WordPiece
+    tokenizer: Subwords
 
     task = TASK
     vocab = None  # word pieces come from tokenizer.json
+
+    @property
+    def pad_id(self) -> int:
+        """The id that pads x and that the model masks (BERT's [PAD] 0, RoBERTa's <pad> 1)."""
+        return self.config.pad_token_id
 
     @property
     def dataset(self) -> str:
@@ -123,12 +129,12 @@ def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tok
     check_task(metrics, TASK, run / "metrics.json")
     config = BertConfig.from_dict(metrics.get("config"), run / "metrics.json")
     max_length = metrics.get("max_length")
-    if not isinstance(max_length, int) or not 2 <= max_length <= config.max_positions:
+    if not isinstance(max_length, int) or not 2 <= max_length <= config.max_length:
         raise UsageError(
-            f"max_length must be an integer from 2 to {config.max_positions}, got {max_length!r}",
+            f"max_length must be an integer from 2 to {config.max_length}, got {max_length!r}",
             run / "metrics.json",
         )
-    ev = check_embedding_eval(x, vectors, run / "eval.npz")
+    ev = check_embedding_eval(x, vectors, run / "eval.npz", config.pad_token_id)
     if vectors.shape[1] != config.hidden_size:
         raise UsageError(
             f"embeddings have {vectors.shape[1]} dimensions; the config has {config.hidden_size}",
@@ -143,7 +149,9 @@ def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tok
     texts = parse_texts(
         texts_json(texts) if isinstance(texts, (list, tuple)) else texts, len(x), run / "texts.json"
     )
-    tokenizer = WordPiece.from_bytes(tokenizer_bytes, max_length, run / "tokenizer.json")
+    tokenizer = Subwords.from_bytes(
+        tokenizer_bytes, max_length, run / "tokenizer.json", config.pad_token_id
+    )
     if tokenizer.vocab_size > config.vocab_size:
         raise UsageError(
             f"has {tokenizer.vocab_size} tokens; the model embeds {config.vocab_size}",

@@ -67,8 +67,11 @@ class Task:
             self.output: spec.samples * spec.num_classes * 8,
         }
 
-    def check_eval(self, arrays: dict[str, np.ndarray], where: str | os.PathLike) -> EvalData:
-        """eval.npz's arrays, checked together (UsageError naming `where`)."""
+    def check_eval(
+        self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
+    ) -> EvalData:
+        """eval.npz's arrays, checked together (UsageError naming `where`); x is padded
+        with `pad_id` (the manifest's)."""
         raise NotImplementedError
 
     # --- manifest.json ------------------------------------------------------------

@@ -37,7 +37,9 @@ class Classification(Task):
     def eval_arrays(self, spec: EvalSpec) -> dict[str, int]:
         return {**super().eval_arrays(spec), "y": spec.samples * 8}
 
-    def check_eval(self, arrays: dict[str, np.ndarray], where: str | os.PathLike) -> EvalData:
+    def check_eval(
+        self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
+    ) -> EvalData:
         return check_eval(arrays["x"], arrays["y"], arrays[self.output], where)
 
     def read_accuracy(self, fields: Fields, ev: dict) -> float | None:

@@ -23,7 +23,7 @@ from ..fields import Fields
 from ..files import read_inside
 from ..lists import MAX_LABELS_BYTES, parse_texts
 from ..parity import Parity, Thresholds, embedding_thresholds, measure_embeddings
-from ..wordpiece import MAX_TOKENIZER_BYTES, WordPiece
+from ..subwords import MAX_TOKENIZER_BYTES, Subwords
 from .base import Column, Task
 
 MAX_TOKENIZER_LENGTH = 4096
@@ -58,17 +58,18 @@ class Embedding(Task):
         "accuracy", "agreement", "max|Δp|", "mean|Δp|", "attn max|Δ|", "attn tail", "attn agree"
     )  # fmt: skip
 
-    def check_eval(self, arrays: dict[str, np.ndarray], where: str | os.PathLike) -> EvalData:
-        return check_embedding_eval(arrays["x"], arrays[self.output], where)
+    def check_eval(
+        self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
+    ) -> EvalData:
+        return check_embedding_eval(arrays["x"], arrays[self.output], where, pad_id)
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
+        entry = fields.obj(data, "tokenizer")
         max_length = fields.integer(
-            fields.obj(data, "tokenizer"),
-            "max_length",
-            "tokenizer.",
-            minimum=2,
-            maximum=MAX_TOKENIZER_LENGTH,
+            entry, "max_length", "tokenizer.", minimum=2, maximum=MAX_TOKENIZER_LENGTH
         )
+        # the id that pads x and that the model masks: 0 when absent (BERT's [PAD])
+        pad_id = 0 if entry.get("pad_id") is None else fields.integer(entry, "pad_id", "tokenizer.")
         x_shape = evaluation.x_shape
         if len(x_shape) != 2 or x_shape[1] > max_length:
             raise fields.fail(
@@ -78,12 +79,17 @@ class Embedding(Task):
             "texts": FileRef.from_json(fields, data, "texts"),
             "tokenizer": FileRef.from_json(fields, data, "tokenizer"),
             "max_length": max_length,
+            "pad_id": pad_id,
         }
 
     def files_json(self, manifest) -> dict:
         return {
             "texts": manifest.texts.to_json(),
-            "tokenizer": {**manifest.tokenizer.to_json(), "max_length": manifest.max_length},
+            "tokenizer": {
+                **manifest.tokenizer.to_json(),
+                "max_length": manifest.max_length,
+                **({"pad_id": manifest.pad_id} if manifest.pad_id else {}),
+            },
         }
 
     def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
@@ -97,7 +103,7 @@ class Embedding(Task):
         ref = manifest.tokenizer
         where = root / ref.file
         data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
-        tokenizer = WordPiece.from_bytes(data, manifest.max_length, where)
+        tokenizer = Subwords.from_bytes(data, manifest.max_length, where, manifest.pad_id)
         top = int(evaluation.x.max())
         if top >= tokenizer.vocab_size:
             raise UsageError(

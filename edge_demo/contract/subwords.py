@@ -1,12 +1,14 @@
-"""WordPiece tokenization from a checkpoint's `tokenizer.json`, for export and the device.
+"""Subword tokenization from a checkpoint's `tokenizer.json`, for export and the device.
 
 Hugging Face's `tokenizers` library reads the file (the tokenizer the
-checkpoint was trained with: normaliser, pre-tokeniser, WordPiece,
-`[CLS] ... [SEP]`), so the ids are those transformers would give. Sentences
-are truncated to `max_length` ids ([SEP] kept last) and padded with 0,
-BERT's [PAD], which the model masks.
+checkpoint was trained with: normaliser, pre-tokeniser, its model, WordPiece
+for BERT, byte-level BPE for RoBERTa, Unigram for XLM-R, and the special
+tokens around a sentence, `[CLS] ... [SEP]` or `<s> ... </s>`), so the ids
+are those transformers would give. Sentences are truncated to `max_length`
+ids (the closing special token kept last) and padded with the model's pad id
+(`pad_id`: BERT's [PAD] is 0, RoBERTa's <pad> is 1), which the model masks.
 
-    pieces = WordPiece.load(path, max_length=128)
+    pieces = Subwords.load(path, max_length=128)          # pad_id=0
     text = "The animal didn't cross the street."
     ids, lengths = pieces.encode([text])
     shown, joined = pieces.typed(text, ids[0][: lengths[0]])  # as typed: "The" "didn" "'" "t"
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 
 import numpy as np
 
@@ -24,6 +27,7 @@ from ..errors import UsageError, one_line
 
 MAX_TOKENIZER_BYTES = 32 * 1024 * 1024
 MAX_TEXT_CHARS = 100_000
+PAD_NAME = re.compile(r"[\[<]\|?pad\|?[\]>]", re.IGNORECASE)  # [PAD], <pad>, <|pad|>
 
 
 def _library():
@@ -39,17 +43,23 @@ def _library():
 
 
 @dataclasses.dataclass
-class WordPiece:
-    """A `tokenizers.Tokenizer` with BERT's padding (0) and a length limit."""
+class Subwords:
+    """A `tokenizers.Tokenizer` with the model's padding id and a length limit."""
 
     tokenizer: object
     max_length: int
     where: str = "tokenizer.json"
+    pad_id: int = 0
 
     @classmethod
-    def from_bytes(cls, data: bytes, max_length: int, where: str | os.PathLike) -> WordPiece:
+    def from_bytes(
+        cls, data: bytes, max_length: int, where: str | os.PathLike, pad_id: int = 0
+    ) -> Subwords:
+        """Read a tokenizer.json; its token `pad_id` must be a special token (a padding)."""
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2:
             raise UsageError(f"max_length must be an integer >= 2, got {max_length!r}", where)
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+            raise UsageError(f"pad_id must be an integer >= 0, got {pad_id!r}", where)
         if len(data) > MAX_TOKENIZER_BYTES:
             raise UsageError(f"is {len(data)} bytes; at most {MAX_TOKENIZER_BYTES}", where)
         tokenizers = _library()
@@ -57,16 +67,24 @@ class WordPiece:
             tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
         except Exception as error:  # the library raises plain Exception for a bad file
             raise UsageError(f"not a tokenizers JSON file ({one_line(error)})", where) from None
+        # The token the model masks must be a padding: named so ([PAD], <pad>) or
+        # the file's own padding token, never a word piece or <s>, which text gives.
+        padding = tokenizer.padding
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length)
-        pad = tokenizer.token_to_id("[PAD]")
-        if pad != 0:
-            found = "no [PAD] token" if pad is None else f"[PAD] has id {pad}"
-            raise UsageError(f"{found}; the model masks id 0, expected [PAD] = 0", where)
-        return cls(tokenizer, max_length, str(where))
+        found = tokenizer.id_to_token(pad_id)
+        own = padding is not None and padding.get("pad_id") == pad_id
+        if found is None or not (own or PAD_NAME.fullmatch(found)):
+            found = "no token" if found is None else repr(found)
+            raise UsageError(
+                f"pad id {pad_id} is {found}, not a padding token ([PAD], <pad>); the model "
+                f"masks id {pad_id}",
+                where,
+            )
+        return cls(tokenizer, max_length, str(where), pad_id)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, max_length: int) -> WordPiece:
+    def load(cls, path: str | os.PathLike, max_length: int, pad_id: int = 0) -> Subwords:
         path = pathlib.Path(path)
         try:
             data = path.read_bytes()
@@ -74,14 +92,14 @@ class WordPiece:
             raise UsageError(
                 f"cannot read it ({error.strerror or one_line(error)})", path
             ) from None
-        return cls.from_bytes(data, max_length, path)
+        return cls.from_bytes(data, max_length, path, pad_id)
 
     @property
     def vocab_size(self) -> int:
         return int(self.tokenizer.get_vocab_size())
 
     def encode(self, texts: list[str], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(ids (N, T) int32 padded with 0, lengths (N,)); T = `length` or the longest."""
+        """(ids (N, T) int32 padded with `pad_id`, lengths (N,)); T = `length` or the longest."""
         for text in texts:
             if not isinstance(text, str):
                 raise UsageError(f"expected text, got {type(text).__name__}", "--text")
@@ -96,7 +114,7 @@ class WordPiece:
             raise UsageError(
                 f"a sentence has {lengths.max()} word pieces; the array holds {length}", "--text"
             )
-        ids = np.zeros((len(texts), width), np.int32)
+        ids = np.full((len(texts), width), self.pad_id, np.int32)
         for row, encoding in enumerate(encodings):
             ids[row, : len(encoding.ids)] = encoding.ids
         return ids, lengths
