@@ -123,8 +123,8 @@ def test_a_fixed_shape_model_keeps_its_stacked_path(models, monkeypatch):
 
     trace = debugger._trace
 
-    def one_by_one(content, x):
-        details, values, ops, roles, shapes = trace(content, x)
+    def one_by_one(content, x, *rest):
+        details, values, ops, roles, shapes = trace(content, x, *rest)
         split = {
             i: [part[n : n + 1] for part in v for n in range(len(part))] for i, v in values.items()
         }

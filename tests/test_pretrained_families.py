@@ -161,15 +161,15 @@ def _refused(directory: pathlib.Path, expected: str) -> str:
     return str(info.value)
 
 
-def test_a_sequence_classifier_is_refused_not_imported_as_an_encoder(checkpoint, tmp_path):
-    """A head the import would drop (a classifier's labels) is refused in one line."""
+def test_a_task_head_the_import_would_drop_is_refused(checkpoint, tmp_path):
+    """A token classifier's head (not a sequence classifier's) is refused in one line."""
     directory = _copy(checkpoint, tmp_path)
     config = json.loads((directory / "config.json").read_text())
-    head = CLASSIFIERS[checkpoint["family"]]
-    config.update(architectures=[head], id2label={"0": "neg", "1": "pos", "2": "neutral"})
+    head = CLASSIFIERS[checkpoint["family"]].replace("Sequence", "Token")
+    config.update(architectures=[head], id2label={"0": "O", "1": "B-PER", "2": "I-PER"})
     (directory / "config.json").write_text(json.dumps(config))
     message = _refused(directory, f"architecture {head} is not imported")
-    assert "would drop its task head" in message
+    assert "would drop this one's task head" in message
 
 
 def test_a_pickled_checkpoint_is_refused_with_how_to_convert_it(checkpoint, tmp_path):

@@ -228,7 +228,7 @@ def _check_request(bundle, options: DemoOptions) -> None:
         raise UsageError(
             f"needs a bundle that embeds sentences; this one is for {bundle.task.name}", "--embed"
         )
-    elif options.text is not None and bundle.vocab is None:
+    elif options.text is not None and bundle.vocab is None and bundle.tokenizer is None:
         raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
             f'"vocab": null (dataset {bundle.manifest.dataset!r})',

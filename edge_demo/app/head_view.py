@@ -100,7 +100,7 @@ def write_view(
         if sample < bundle.attention[0].shape[0]:
             # the reference is at eval.npz's width; the page crops to the tokens
             reference = [layer[sample] for layer in bundle.attention]
-            reference_probs = bundle.eval.probs[sample] if bundle.task.labelled else None
+            reference_probs = bundle.eval.probs[sample] if bundle.task.classes else None
         else:
             notes.append(
                 f"no float Keras reference: attention.npz holds eval samples "
@@ -112,7 +112,7 @@ def write_view(
             "eval sample with its reference, or keras-mha-heads view RUN_DIR)"
         )
     labels = list(bundle.labels)
-    if not bundle.task.labelled:
+    if not bundle.task.classes:
         probs = None  # no classes (a sentence vector): the page shows no prediction
     coref = bundle.manifest.coref_head
     common = {

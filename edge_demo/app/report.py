@@ -98,6 +98,22 @@ def render_features(x: np.ndarray) -> str:
     return "\n".join([border, *rows, border])
 
 
-def prediction_table(rows: list[tuple[str, str, str]]) -> str:
-    """(mode, prediction, confidence) rows as a table."""
-    return format_table(["mode", "prediction", "confidence"], [list(r) for r in rows], right={2})
+def prediction_table(rows: list[tuple], labels: tuple[str, ...] | None = None) -> str:
+    """(mode, prediction, confidence[, probs]) rows as a table; with `labels`, a column
+    of every class's probability (a text classifier's `--text`)."""
+    headers = ["mode", "prediction", "confidence"]
+    if labels is None:
+        return format_table(headers, [list(r[:3]) for r in rows], right={2})
+    cells = []
+    for row in rows:
+        probs = row[3] if len(row) > 3 else None
+        shown = (
+            "-"
+            if probs is None
+            else "  ".join(f"{label} {p:.4f}" for label, p in zip(labels[:MAX_SHOWN], probs))
+        )
+        cells.append([*row[:3], shown + (" ..." if len(labels) > MAX_SHOWN else "")])
+    return format_table([*headers, "probabilities"], cells, right={2})
+
+
+MAX_SHOWN = 10  # classes whose probabilities a prediction row lists

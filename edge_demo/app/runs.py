@@ -153,8 +153,13 @@ def _classify(
         finally:
             model.close()
         best = int(probs.argmax())
-        rows.append((mode, bundle.labels[best], f"{probs[best]:.4f}"))
+        rows.append((mode, bundle.labels[best], f"{probs[best]:.4f}", probs))
     return rows, errors
+
+
+def _labels_shown(bundle: Bundle) -> tuple[str, ...] | None:
+    """A text classifier's labels, whose probabilities its prediction rows list."""
+    return bundle.labels if bundle.tokenizer is not None else None
 
 
 def _skip_notes(plan: dict) -> list[str]:
@@ -168,28 +173,33 @@ def _skip_notes(plan: dict) -> list[str]:
 def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
     """`--sample N`: show eval sample N, its label and each mode's prediction."""
     i = options.sample
-    x, label, reference = bundle.eval.x[i], int(bundle.eval.y[i]), bundle.eval.probs[i]
-    print(
-        f"\nsample {i} of {bundle.manifest.eval.samples} in eval.npz: label {bundle.labels[label]!r}"
-    )
-    if bundle.vocab is not None:
+    x, reference = bundle.eval.x[i], bundle.eval.probs[i]
+    label = f": label {bundle.labels[int(bundle.eval.y[i])]!r}" if bundle.task.labelled else ""
+    print(f"\nsample {i} of {bundle.manifest.eval.samples} in eval.npz{label}")
+    if bundle.tokenizer is not None:  # the eval sentence, at its own length
+        print(f'text: "{shown(bundle.texts[i], 500)}"')
+        x = x[: int(EdgeModel.own_lengths(x[None], bundle.pad_id)[0])]
+    elif bundle.vocab is not None:
         print(f'text: "{" ".join(bundle.vocab.decode(x))}"')
     else:
         print(render_features(x))
     best = int(reference.argmax())
-    rows = [("keras (float reference)", bundle.labels[best], f"{reference[best]:.4f}")]
+    rows = [("keras (float reference)", bundle.labels[best], f"{reference[best]:.4f}", reference)]
     predictions, errors = _classify(bundle, runtime, options, plan, x)
-    print(prediction_table(rows + predictions))
+    print(prediction_table(rows + predictions, _labels_shown(bundle)))
     for note in _skip_notes(plan) + errors:
         print(note)
     return 1 if errors else 0
 
 
 def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> tuple:
-    """`--text "..."`: tokenize with vocab.json and classify in each mode.
+    """`--text "..."`: tokenize with vocab.json (or the bundle's tokenizer.json) and
+    classify in each mode.
 
     Returns (exit code, the model input ids, the words cut off by max_length).
     """
+    if bundle.tokenizer is not None:
+        return _run_subword_text(bundle, runtime, options, plan)
     vocab = bundle.vocab
     try:
         encoded = vocab.analyze(options.text)
@@ -221,3 +231,24 @@ def run_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict)
         print(note)
     dropped = tuple(encoded.words[vocab.max_length :])
     return (1 if errors else 0), encoded.ids, dropped
+
+
+def _run_subword_text(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict):
+    """`--text` for a text classifier: the checkpoint's tokenizer, the label and every
+    class's probability in each mode."""
+    tokenizer = bundle.tokenizer
+    try:
+        ids, lengths = tokenizer.encode([options.text])
+    except UsageError as exc:
+        raise UsageError(exc.problem, "--text") from None
+    pieces, _ = tokenizer.pieces(options.text)
+    print(f'\ntext: "{shown(options.text, 500)}"')
+    cut = f" (truncated to max_length {tokenizer.max_length})" if len(pieces) > lengths[0] else ""
+    print(
+        f"word pieces ({int(lengths[0])}): {' '.join(shown(p, 40) for p in pieces[: int(lengths[0])])}{cut}"
+    )
+    predictions, errors = _classify(bundle, runtime, options, plan, ids[0])
+    print(prediction_table(predictions, _labels_shown(bundle)))
+    for note in _skip_notes(plan) + errors:
+        print(note)
+    return (1 if errors else 0), ids[0], ()

@@ -285,17 +285,14 @@ def own_lengths(ids: np.ndarray, pad_id: int = 0) -> np.ndarray:
     return np.where(nonzero.any(1), last, 1)
 
 
-def check_embedding_eval(
-    x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike, pad_id: int = 0
-) -> EvalData:
-    """An embedding model's `eval.npz`: token ids `x (N, T)` (padded with `pad_id`,
-    each row at least one token) and the float model's unit vectors `embeddings (N, d)`."""
+def check_token_ids(x: np.ndarray, where: str | os.PathLike, pad_id: int = 0) -> int:
+    """Token ids `x (N, T)` padded with `pad_id`, each row at least one token; returns N."""
     check_inputs(x, where, "x")
     n = x.shape[0]
     if x.ndim != 2 or x.dtype.kind not in "iu":
         raise UsageError(f"x must be integer token ids of shape [N, T], got {_describe(x)}", where)
     if n < 2:
-        raise UsageError(f"x has {n} sentence(s); nearest neighbours need at least 2", where)
+        raise UsageError(f"x has {n} sentence(s); parity needs at least 2", where)
     if x.shape[1] < 1:
         raise UsageError("x has no token positions (shape [N, 0])", where)
     if int(x.min()) < 0 or not (x != pad_id).any(1).all():
@@ -303,6 +300,15 @@ def check_embedding_eval(
             f"x must hold ids >= 0 with at least one token (not the pad id {pad_id}) per row",
             where,
         )
+    return n
+
+
+def check_embedding_eval(
+    x: np.ndarray, vectors: np.ndarray, where: str | os.PathLike, pad_id: int = 0
+) -> EvalData:
+    """An embedding model's `eval.npz`: token ids `x (N, T)` (padded with `pad_id`,
+    each row at least one token) and the float model's unit vectors `embeddings (N, d)`."""
+    n = check_token_ids(x, where, pad_id)
     if vectors.ndim != 2 or vectors.shape[0] != n or vectors.dtype.kind != "f":
         raise UsageError(
             f"embeddings must be float of shape [{n}, d], got {_describe(vectors)}", where
@@ -338,3 +344,18 @@ def check_eval(
     if y.min() < 0 or y.max() >= c:
         raise UsageError(f"y has labels outside 0..{c - 1} (found {y.min()}..{y.max()})", where)
     return EvalData(x, y.astype(np.int64), probs.astype(np.float32))
+
+
+def check_text_eval(
+    x: np.ndarray, probs: np.ndarray, where: str | os.PathLike, pad_id: int = 0
+) -> EvalData:
+    """A text classifier's `eval.npz` without labels: token ids `x (N, T)` (padded
+    with `pad_id`) and the float model's class probabilities `probs (N, C)`. Its y
+    is the float model's own top-1 class (`labelled` False: no accuracy)."""
+    n = check_token_ids(x, where, pad_id)
+    if probs.ndim != 2 or probs.shape[0] != n:
+        raise UsageError(
+            f"probs must be float of shape [{n}, classes], got {_describe(probs)}", where
+        )
+    check_probabilities(probs, where)
+    return EvalData(x, probs.argmax(-1).astype(np.int64), probs.astype(np.float32), labelled=False)

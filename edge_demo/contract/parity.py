@@ -110,15 +110,16 @@ def measure_embeddings(vectors: np.ndarray, reference: np.ndarray) -> Parity:
     )
 
 
-def measure(probs: np.ndarray, y: np.ndarray, reference: np.ndarray) -> Parity:
-    """Figures of `probs (N, C)` against labels `y (N,)` and the float model's `reference`."""
+def measure(probs: np.ndarray, y: np.ndarray | None, reference: np.ndarray) -> Parity:
+    """Figures of `probs (N, C)` against labels `y (N,)` and the float model's `reference`
+    (`y` None: no labels, accuracy NaN; a classifier imported without its data)."""
     probs = np.asarray(probs, np.float64)
     if not np.isfinite(probs).all():
         return Parity(math.nan, math.nan, math.nan, math.nan)
     diff = np.abs(probs - np.asarray(reference, np.float64))
     top = probs.argmax(-1)
     return Parity(
-        accuracy=float((top == y).mean()),
+        accuracy=math.nan if y is None else float((top == y).mean()),
         agreement=float((top == np.asarray(reference).argmax(-1)).mean()),
         max_abs_diff=float(diff.max()),
         mean_abs_diff=float(diff.mean()),
@@ -276,6 +277,17 @@ def embedding_thresholds(mode: str, samples: int) -> Thresholds:
         min_mean_cosine=EMBEDDING_MIN_MEAN_COSINE,
         min_top5=(samples - allowed) / samples,
     )
+
+
+def unlabelled_thresholds(mode: str, samples: int) -> Thresholds:
+    """A classifier without labelled eval data (an imported checkpoint's): the float
+    modes bounded elementwise, the quantized ones by the float model's top-1
+    predictions they change (the 1 % rule); there is no accuracy to drop."""
+    if mode in FLOAT_THRESHOLDS:
+        return FLOAT_THRESHOLDS[mode]
+    if mode in QUANTIZED_MODES:
+        return dataclasses.replace(quantized_thresholds(samples), max_accuracy_drop=None)
+    raise ValueError(f"unknown mode {mode!r}")
 
 
 def default_thresholds(mode: str, samples: int) -> Thresholds:

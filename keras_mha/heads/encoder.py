@@ -58,11 +58,14 @@ def _stem(model, xb):
 
 
 def _tail(model, blocks, start: int, x, mask, gate, head_masks):
-    """Unit vectors from block `start`'s input `x`; `gate` is that block's head mask."""
+    """The output (unit vectors, or a classifier's probabilities) from block `start`'s
+    input `x`; `gate` is that block's head mask."""
     for j in range(start, len(blocks)):
         head_mask = gate if j == start else head_masks[j]
         x = blocks[j](x, mask=mask, head_mask=head_mask)
-    return model.get_layer("normalize")(model.get_layer("pooling")(x, mask=mask))
+    from keras_mha.pretrained.bert import head_forward
+
+    return head_forward(model, x, mask)
 
 
 def _block_inputs(model, blocks, xb, head_masks):
@@ -72,8 +75,9 @@ def _block_inputs(model, blocks, xb, head_masks):
     for j, block in enumerate(blocks):
         inputs.append(x)
         x = block(x, mask=mask, head_mask=head_masks[j])
-    vectors = model.get_layer("normalize")(model.get_layer("pooling")(x, mask=mask))
-    return inputs, mask, vectors
+    from keras_mha.pretrained.bert import head_forward
+
+    return inputs, mask, head_forward(model, x, mask)
 
 
 # One function per (model, block, method), traced by tf.function on first use
@@ -213,12 +217,13 @@ def importance(
         return head_importance(model, x, y, head_masks)
     if method not in METHODS:
         raise UsageError(f"method must be one of {', '.join(METHODS)}; got {method!r}")
-    names = {layer.name for layer in model.layers}
-    if not {"pooling", "normalize"} <= names:  # what _tail reads: the unit sentence vector
+    from keras_mha.layers import BertEmbeddings
+
+    names = {layer.name: layer for layer in model.layers}
+    if "pooling" not in names or not isinstance(names.get("embedding"), BertEmbeddings):
         raise UsageError(
-            f"model {model.name!r} gives no unit sentence vector (a `pooling` and a `normalize` "
-            "layer, as keras_mha.pretrained's encoders); a classifier's importance "
-            "(Michel et al.) needs the labels y"
+            f"model {model.name!r} is not a keras_mha.pretrained model (an `embedding` and a "
+            "`pooling` layer); a classifier's importance (Michel et al.) needs the labels y"
         )
     if method == "jacobian":
         return jacobian_importance(model, x, head_masks)
@@ -302,6 +307,8 @@ def prune_encoder(model, removed, config) -> tuple[object, list[list[int]]]:
         raise UsageError("pruning needs the same d_k = d_v in every layer")
     new = build_pruned_encoder(config, [len(k) for k in keep], d_k)
     new.get_layer("embedding").set_weights(model.get_layer("embedding").get_weights())
+    for name in ("pre_classifier", "classifier") if config.labels else ():  # the head as it was
+        new.get_layer(name).set_weights(model.get_layer(name).get_weights())
     for i, (block, target) in enumerate(zip(blocks, encoder_blocks(new))):
         target.attention.set_weights(block.attention.pruned(keep[i]).get_weights())
         for name in ("attention_norm", "ffn_norm"):
@@ -424,9 +431,18 @@ def reconstruct_encoder(
 
 
 # ---------------------------------------------------------------------- table
-def fidelity(vectors: np.ndarray, reference: np.ndarray) -> dict:
-    """Mean / min cosine and top-1 / top-5 neighbour agreement (`measure_embeddings`)."""
-    from edge_demo.contract.parity import measure_embeddings
+def fidelity(vectors: np.ndarray, reference: np.ndarray, classes: bool = False) -> dict:
+    """Mean / min cosine and top-1 / top-5 neighbour agreement (`measure_embeddings`);
+    `classes`: a classifier's probabilities, top-1 agreement and max / mean |Δp|."""
+    from edge_demo.contract.parity import measure, measure_embeddings
+
+    if classes:
+        p = measure(vectors, None, reference)
+        return {
+            "agreement": p.agreement,
+            "max_abs_diff": p.max_abs_diff,
+            "mean_abs_diff": p.mean_abs_diff,
+        }
 
     p = measure_embeddings(vectors, reference)
     return {

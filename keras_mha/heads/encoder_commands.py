@@ -104,12 +104,13 @@ def cmd_importance_embedding(args: argparse.Namespace) -> int:
     rho = spearman(scores, ablation)
     result = {
         "run": str(args.run_dir),
-        "task": "embedding",
+        "task": run.task.name,
         "split": "calibration",
         "split_size": int(len(run.calibration)),
-        "importance": "mean over sentences of ||d e / d xi_h||_2 (Jacobian of the unit "
-        "sentence vector with respect to the head's gate, at all heads on)",
-        "ablation": "mean over sentences of 1 - cos(vector with the head alone masked, vector)",
+        "importance": "mean over sentences of ||d e / d xi_h||_2 (Jacobian of the output, the "
+        "unit sentence vector or the class probabilities, with respect to the head's gate, "
+        "at all heads on)",
+        "ablation": "mean over sentences of 1 - cos(output with the head alone masked, output)",
         "spearman_importance_ablation": rho,
         "jacobian_seconds": round(jacobian_seconds, 1),
         "heads": rows,
@@ -153,7 +154,8 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
     reference = run.eval.probs
     scores = jacobian_importance(model, run.calibration)
     removed = select_heads(scores, args.fraction)
-    masked = fidelity(embed(model, run.eval.x, removal_masks(model, removed)), reference)
+    classes = run.task.classes  # a classifier: agreement and |Δp|, not cosines
+    masked = fidelity(embed(model, run.eval.x, removal_masks(model, removed)), reference, classes)
     reconstruct = getattr(args, "reconstruct", True)
     pruned, keep = prune_encoder(model, removed, run.config)
     report = None
@@ -184,7 +186,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         },
     }
     vectors = embed(pruned, run.eval.x)
-    figures = fidelity(vectors, reference)
+    figures = fidelity(vectors, reference, classes)
     pruning["eval_pruned" if report is None else "eval_reconstructed"] = figures
     write_pruned_run(run, pruned, args.out, pruning, args.overwrite, vectors)
     total = sum(pruning["heads_before"])
@@ -194,6 +196,12 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         f"{pruning['params_before']} -> {pruning['params_after']}"
     )
     for name, f in (("masked", masked), ("reconstructed" if reconstruct else "pruned", figures)):
+        if classes:
+            print(
+                f"{name:>13}: agreement {f['agreement']:.4f}, max |Δp| {f['max_abs_diff']:.4f}, "
+                f"mean |Δp| {f['mean_abs_diff']:.5f} (eval, against the unpruned classifier)"
+            )
+            continue
         print(
             f"{name:>13}: mean cosine {f['mean_cosine']:.4f}, min {f['min_cosine']:.4f}, "
             f"top-1 {f['top1']:.3f}, top-5 {f['top5']:.3f} (eval, against the unpruned vectors)"

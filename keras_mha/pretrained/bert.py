@@ -4,6 +4,8 @@
         -> transformer_layer_0 .. transformer_layer_{L-1}   (post-LN, GELU)
         -> pooling (the checkpoint's: mean over the real tokens, the first
            token [CLS], or the max over the real tokens) -> L2 normalisation
+    or, for a sequence classifier (config.json's *ForSequenceClassification):
+        -> the first token -> Dense(d, tanh | relu) -> Dense(classes) -> softmax
 
 This is the model sentence-transformers runs for all-MiniLM-L6-v2 (6 layers,
 12 heads, d_model 384, d_k 32, mean pooling), and for BERT, DistilBERT,
@@ -97,8 +99,34 @@ def build_encoder(
             name=f"transformer_layer_{i}",
         )(x)
     x = POOLING_LAYERS[config.pooling](name="pooling")(x)  # the checkpoint's sentence vector
-    x = L2Normalize(name="normalize")(x)
-    return keras.Model(ids, x, name="keras_mha_encoder")
+    if not config.labels:
+        x = L2Normalize(name="normalize")(x)
+        return keras.Model(ids, x, name="keras_mha_encoder")
+    # the checkpoint's classifier head on the first token: BERT's pooler (tanh),
+    # DistilBERT's pre_classifier (relu), RoBERTa's classifier.dense (tanh)
+    x = keras.layers.Dense(
+        config.hidden_size, activation=config.classifier_activation, name="pre_classifier"
+    )(x)
+    x = keras.layers.Dense(config.num_labels, name="classifier")(x)  # logits
+    x = keras.layers.Softmax(name="softmax")(x)
+    return keras.Model(ids, x, name="keras_mha_classifier")
+
+
+# The layers after the last block, in order (those a model has): a sentence
+# encoder's pooling and normalize; a classifier's pooling, pre_classifier,
+# classifier and softmax.
+HEAD_LAYERS = ("pooling", "pre_classifier", "classifier", "softmax", "normalize")
+
+
+def head_forward(model: keras.Model, x, mask):
+    """The model's output from the last block's `x` (B, T, d) and the mask: unit
+    vectors (an encoder) or class probabilities (a classifier)."""
+    names = {layer.name for layer in model.layers}
+    x = model.get_layer("pooling")(x, mask=mask)
+    for name in HEAD_LAYERS[1:]:
+        if name in names:
+            x = model.get_layer(name)(x)
+    return x
 
 
 # ------------------------------------------------------------------ weights
@@ -112,6 +140,9 @@ def build_encoder(
 NAMES = {
     "bert": {
         "prefixes": ("", "bert."),
+        # a sequence classifier's head ("{p}": the encoder's prefix): (Dense(d), Dense(C))
+        "pre_classifier": "{p}pooler.dense",
+        "classifier": "classifier",
         "word": "embeddings.word_embeddings.weight",
         "position": "embeddings.position_embeddings.weight",
         "token_type": "embeddings.token_type_embeddings.weight",
@@ -128,6 +159,8 @@ NAMES = {
     },
     "distilbert": {
         "prefixes": ("", "distilbert."),
+        "pre_classifier": "pre_classifier",
+        "classifier": "classifier",
         "word": "embeddings.word_embeddings.weight",
         "position": "embeddings.position_embeddings.weight",
         "token_type": None,  # no token types: BertEmbeddings adds a zero type embedding
@@ -146,7 +179,12 @@ NAMES = {
 # RoBERTa and XLM-RoBERTa store BERT's names (transformers' RobertaSelfAttention is
 # BertSelfAttention's layout): head i is query_kernel[:, i, :] there too.
 for _kind in ("roberta", "xlm-roberta"):
-    NAMES[_kind] = {**NAMES["bert"], "prefixes": ("", "roberta.")}
+    NAMES[_kind] = {
+        **NAMES["bert"],
+        "prefixes": ("", "roberta."),
+        "pre_classifier": "classifier.dense",  # RobertaClassificationHead
+        "classifier": "classifier.out_proj",
+    }
 
 
 # Tensors of task heads (transformers' *ForSequenceClassification, ...ForTokenClassification,
@@ -174,7 +212,7 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
     names = NAMES[config.family]
     p = _prefix(set(tensors), names)
     heads = sorted(k for k in tensors if k.startswith(TASK_HEADS))
-    if heads:  # a task model whose config.json does not say so (no `architectures`)
+    if heads and not config.labels:  # a task model whose config.json does not say so
         raise UsageError(
             f"holds {heads[0]}, a task head's tensor that a sentence encoder import would "
             "drop (a classifier's labels are not kept)",
@@ -233,7 +271,26 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
             "ffn_out": dense("ffn_out", (d, f)),
             "ffn_norm": norm("ffn_norm"),
         }
+    if config.labels:  # the classifier head: (out, in) Linears, transposed
+        for name, shape in (("pre_classifier", (d, d)), ("classifier", (config.num_labels, d))):
+            out[name] = _linear(tensors, names[name].format(p=p), shape)
     return out
+
+
+def _linear(tensors: dict, key: str, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """A head's Linear `key` (its full name) as (weight.T, bias), shapes checked."""
+    found = []
+    for name, want in ((key + ".weight", shape), (key + ".bias", shape[:1])):
+        if name not in tensors:
+            raise UsageError(f"has no tensor {name} (the classifier head)", "model.safetensors")
+        value = np.asarray(tensors[name], np.float32)
+        if value.shape != want:
+            raise UsageError(
+                f"tensor {name} has shape {value.shape}; config.json implies {want}",
+                "model.safetensors",
+            )
+        found.append(value)
+    return found[0].T, found[1]
 
 
 def load_weights(model: keras.Model, config: BertConfig, tensors: dict[str, np.ndarray]) -> None:
@@ -264,10 +321,15 @@ def load_weights(model: keras.Model, config: BertConfig, tensors: dict[str, np.n
         for name, dense in (("ffn_in", block._ffn_in), ("ffn_out", block._ffn_out)):
             dense.kernel.assign(w[name][0])
             dense.bias.assign(w[name][1])
+    for name in ("pre_classifier", "classifier") if config.labels else ():
+        dense = model.get_layer(name)
+        dense.kernel.assign(weights[name][0])
+        dense.bias.assign(weights[name][1])
 
 
 def encoder_forward(model: keras.Model, ids, head_masks=None, return_attention=False):
-    """Run `build_encoder`'s model layer by layer: (B, d) vectors [, attention per layer].
+    """Run `build_encoder`'s model layer by layer: (B, d) vectors or (B, C) class
+    probabilities [, attention per layer].
 
     `head_masks`: optional list with one `(h,)` multiplier per block (head
     analysis). The attention weights are `(B, h, T, T)`, rows of padded
@@ -283,5 +345,5 @@ def encoder_forward(model: keras.Model, ids, head_masks=None, return_attention=F
         head_mask = None if head_masks is None else head_masks[i]
         x, scores = block(x, mask=mask, head_mask=head_mask, return_attention_scores=True)
         weights.append(scores)
-    vectors = model.get_layer("normalize")(model.get_layer("pooling")(x, mask=mask))
+    vectors = head_forward(model, x, mask)
     return (vectors, weights) if return_attention else vectors

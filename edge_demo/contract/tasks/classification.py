@@ -27,6 +27,7 @@ class Classification(Task):
     name = "classification"
     output = "probs"
     labelled = True
+    classes = True
     attention_samples = ATTENTION_SAMPLES
     summary = (
         Column("agreement", "agreement", ".4f"),

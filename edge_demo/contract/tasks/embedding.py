@@ -16,31 +16,25 @@ import pathlib
 
 import numpy as np
 
-from ...errors import UsageError
 from ..arrays import EvalData, check_embedding_eval
-from ..entries import EvalSpec, FileRef
+from ..entries import EvalSpec
 from ..fields import Fields
-from ..files import read_inside
-from ..lists import MAX_LABELS_BYTES, parse_texts
 from ..parity import Parity, Thresholds, embedding_thresholds, measure_embeddings
-from ..subwords import MAX_TOKENIZER_BYTES, Subwords
 from .base import Column, Task
+from .text import TEXT_ATTENTION_SAMPLES, load_text_files, read_text_files, text_files_json
 
-MAX_TOKENIZER_LENGTH = 4096
 # Nearest neighbours compare every pair of eval sentences (N^2 / 2 dot products).
 MAX_EMBEDDING_SAMPLES = 50_000
-# An encoder's eval sentences are long and padded to the longest: 8 of them
-# (about 16 MB for MiniLM) show its heads on the device.
-ENCODER_ATTENTION_SAMPLES = 8
 
 
 class Embedding(Task):
     name = "embedding"
     output = "embeddings"
     labelled = False
+    classes = False
     search = True
     dynamic_length = True
-    attention_samples = ENCODER_ATTENTION_SAMPLES
+    attention_samples = TEXT_ATTENTION_SAMPLES
     max_samples = MAX_EMBEDDING_SAMPLES
     columns = (
         Column("min cos", "min_cosine", ".6f"),
@@ -64,53 +58,13 @@ class Embedding(Task):
         return check_embedding_eval(arrays["x"], arrays[self.output], where, pad_id)
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
-        entry = fields.obj(data, "tokenizer")
-        max_length = fields.integer(
-            entry, "max_length", "tokenizer.", minimum=2, maximum=MAX_TOKENIZER_LENGTH
-        )
-        # the id that pads x and that the model masks: 0 when absent (BERT's [PAD])
-        pad_id = 0 if entry.get("pad_id") is None else fields.integer(entry, "pad_id", "tokenizer.")
-        x_shape = evaluation.x_shape
-        if len(x_shape) != 2 or x_shape[1] > max_length:
-            raise fields.fail(
-                "eval.x_shape", f"must be [samples, T] with T <= tokenizer.max_length {max_length}"
-            )
-        return {
-            "texts": FileRef.from_json(fields, data, "texts"),
-            "tokenizer": FileRef.from_json(fields, data, "tokenizer"),
-            "max_length": max_length,
-            "pad_id": pad_id,
-        }
+        return read_text_files(fields, data, evaluation)
 
     def files_json(self, manifest) -> dict:
-        return {
-            "texts": manifest.texts.to_json(),
-            "tokenizer": {
-                **manifest.tokenizer.to_json(),
-                "max_length": manifest.max_length,
-                **({"pad_id": manifest.pad_id} if manifest.pad_id else {}),
-            },
-        }
+        return text_files_json(manifest)
 
     def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
-        """texts.json and tokenizer.json, checked against eval.npz."""
-        ref = manifest.texts
-        texts = parse_texts(
-            read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
-            manifest.eval.samples,
-            root / ref.file,
-        )
-        ref = manifest.tokenizer
-        where = root / ref.file
-        data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
-        tokenizer = Subwords.from_bytes(data, manifest.max_length, where, manifest.pad_id)
-        top = int(evaluation.x.max())
-        if top >= tokenizer.vocab_size:
-            raise UsageError(
-                f"eval.npz uses token id {top} but the tokenizer has {tokenizer.vocab_size} tokens",
-                where,
-            )
-        return {"texts": texts, "tokenizer": tokenizer}
+        return load_text_files(root, manifest, evaluation.x)
 
     def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
         return measure_embeddings(outputs, evaluation.probs)

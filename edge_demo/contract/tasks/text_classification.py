@@ -1,0 +1,78 @@
+"""Text classification: a checkpoint's classifier, class probabilities from sentences.
+
+A sequence-classification checkpoint (`BertForSequenceClassification`, the
+DistilBERT, RoBERTa and XLM-R ones) imported by keras-mha-import: its eval
+sentences are the project's corpus, which the checkpoint's labels say nothing
+about, so eval.npz has no labels. eval.npz: `x` (token ids, padded with the
+tokenizer's pad id) and `probs` (the float Keras model's softmax); the bundle
+names the classes in labels.json (config.json's id2label) and holds the
+sentences (texts.json) and the checkpoint's tokenizer.json. A mode is judged
+against the float model: float32 and float16 bound every probability, the
+quantized modes may change at most 1 % of its top-1 predictions
+(parity.py's `unlabelled_thresholds`); there is no accuracy. Each sentence
+runs at its own length; `--text` on the device prints the label and the
+probabilities.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+
+from ..arrays import EvalData, check_text_eval
+from ..entries import EvalSpec
+from ..fields import Fields
+from ..parity import Parity, Thresholds, measure, unlabelled_thresholds
+from .base import Column, Task
+from .classification import Classification
+from .text import TEXT_ATTENTION_SAMPLES, load_text_files, read_text_files, text_files_json
+
+MAX_TEXT_SAMPLES = 50_000
+
+
+class TextClassification(Task):
+    name = "text-classification"
+    output = "probs"
+    labelled = False
+    classes = True
+    dynamic_length = True
+    attention_samples = TEXT_ATTENTION_SAMPLES
+    max_samples = MAX_TEXT_SAMPLES
+    summary = (
+        Column("agreement", "agreement", ".4f"),
+        Column("max|Δ|", "max_abs_diff", ".2g"),
+    )
+    drops = ("accuracy",)
+
+    def check_eval(
+        self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
+    ) -> EvalData:
+        return check_text_eval(arrays["x"], arrays[self.output], where, pad_id)
+
+    def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
+        labels = Classification().read_files(fields, data, evaluation)
+        return {**labels, **read_text_files(fields, data, evaluation)}
+
+    def files_json(self, manifest) -> dict:
+        return text_files_json(manifest)
+
+    def load_files(self, root: pathlib.Path, manifest, evaluation: EvalData) -> dict:
+        labels = Classification().load_files(root, manifest, evaluation)
+        return {**labels, **load_text_files(root, manifest, evaluation.x)}
+
+    def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
+        return measure(outputs, None, evaluation.probs)
+
+    def thresholds(self, mode: str, samples: int) -> Thresholds:
+        return unlabelled_thresholds(mode, samples)
+
+    def describe(self, num_classes: int, float_accuracy: float | None, max_length: int | None):
+        return (
+            f"{num_classes} classes from text, up to {max_length} tokens; no labelled eval "
+            "data: judged against the float model"
+        )
+
+    def figures(self, parity: Parity, float_accuracy: float | None) -> str:
+        return f"agreement {parity.agreement:.4f}  max|Δp| {parity.max_abs_diff:.2g}"
