@@ -444,9 +444,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_mha")
 class BertEmbeddings(keras.layers.Layer):
-    """word_embeddings[ids] + position_embeddings[offset + t] + token_type_embeddings[0], then LayerNorm.
+    """word_embeddings[ids] + position_embeddings[offset + t] + token_type_embeddings[type], then LayerNorm.
 
-    Every sentence is one segment (token type 0). The output carries the
+    Every sentence is one segment (token type 0); a cross-encoder's pair
+    (`pair_sep_id` set) gives the tokens after the first [SEP] type 1, as
+    its tokenizer does, so the model needs only the ids. The output carries the
     mask `ids != pad_id` for the blocks and the pooling: BERT's [PAD] is 0,
     RoBERTa's and XLM-R's <pad> is 1. RoBERTa numbers positions from
     `pad_id + 1` (its `padding_idx + 1`), so `position_offset` is 2 there and
@@ -464,10 +466,12 @@ class BertEmbeddings(keras.layers.Layer):
         norm_input_scale: bool = False,
         pad_id: int = 0,
         position_offset: int = 0,
+        pair_sep_id: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.pad_id = int(pad_id)
+        self.pair_sep_id = None if pair_sep_id is None else int(pair_sep_id)
         self.position_offset = int(position_offset)
         self.vocab_size = int(vocab_size)
         self.hidden_size = int(hidden_size)
@@ -506,8 +510,22 @@ class BertEmbeddings(keras.layers.Layer):
         x = ops.take(self.word_embeddings, ids, axis=0)  # (B, T, d)
         positions = self.position_embeddings[first : first + length]
         x = x + ops.expand_dims(positions, 0)  # + position offset + t
-        x = x + self.token_type_embeddings[0]  # + segment A
+        if self.pair_sep_id is None:
+            x = x + self.token_type_embeddings[0]  # + segment A
+        else:  # a pair: segment A up to the first [SEP], segment B after it
+            x = x + ops.take(self.token_type_embeddings, self.token_types(ids), axis=0)
         return self.norm(point(self, "sum", x))
+
+    def token_types(self, ids):
+        """A pair's token types from its ids, as the tokenizer gives them: 0 up to and with
+        the first `pair_sep_id` ([CLS] query [SEP]), 1 after it (passage [SEP]), 0 on
+        padding. Without `pair_sep_id`, 0 everywhere."""
+        if self.pair_sep_id is None:
+            return ops.zeros_like(ids)
+        sep = ops.cast(ops.equal(ids, self.pair_sep_id), "int32")
+        before = ops.cumsum(sep, axis=1) - sep  # [SEP]s strictly before each token
+        real = ops.cast(ops.not_equal(ids, self.pad_id), "int32")
+        return ops.cast(ops.greater(before, 0), "int32") * real
 
     def compute_mask(self, ids, mask=None):
         return ops.not_equal(ids, self.pad_id)
@@ -526,6 +544,7 @@ class BertEmbeddings(keras.layers.Layer):
             **({"norm_input_scale": True} if self.norm_input_scale else {}),
             **({"pad_id": self.pad_id} if self.pad_id else {}),
             **({"position_offset": self.position_offset} if self.position_offset else {}),
+            **({"pair_sep_id": self.pair_sep_id} if self.pair_sep_id is not None else {}),
         }
 
 

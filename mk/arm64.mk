@@ -4,8 +4,10 @@
 # make test-arm64 (root; not part of make test): the edge demo inside an
 # emulated Debian bookworm arm64 userland, as a Raspberry Pi 4 (cortex-a72)
 # and a Pi 5 (cortex-a76) CPU, on a digits bundle, a pronouns bundle
-# (+ one --text call) and all-MiniLM-L6-v2's encoder bundle in dynamic-range
-# mode (+ one --text search), each trained or imported and exported here first. Gates on
+# (+ one --text call), all-MiniLM-L6-v2's encoder bundle in dynamic-range
+# mode (+ one --text search) and a small cross-encoder in every mode but
+# int16x8 (+ one --pair and one --rerank; .ci/arm64/reranker.py writes the
+# checkpoint with numpy), each trained or imported and exported here first. Gates on
 # the edge demo's exit codes (the manifest's thresholds) and on the raw
 # outputs against x86-64 (.ci/arm64/summary.py's RAW_BOUNDS: int16x8
 # bit-identical, float32/float16 within 4e-6, dynamic within 1/256, int8
@@ -32,7 +34,7 @@ ARM64_TEXT_MODES := float32,dynamic,float16,int8
 ARM64_DIGITS_TRAIN := --epochs 20 --no-augment --d-model 16 --num-heads 2 --num-layers 1 --ff-dim 32
 
 .PHONY: test-arm64 arm64-bundles arm64-rootfs arm64-prepare
-arm64-bundles: $(ARM64_WORK)/digits/bundle/manifest.json $(ARM64_WORK)/pronouns/bundle/manifest.json $(ARM64_WORK)/encoder/bundle/manifest.json
+arm64-bundles: $(ARM64_WORK)/digits/bundle/manifest.json $(ARM64_WORK)/pronouns/bundle/manifest.json $(ARM64_WORK)/encoder/bundle/manifest.json $(ARM64_WORK)/reranker/bundle/manifest.json
 
 # The root file system alone (root; cached in ARM64_CACHE), and everything
 # test-arm64 needs before its emulated run: .ci/run starts arm64-prepare in the
@@ -47,6 +49,13 @@ arm64-prepare: arm64-rootfs arm64-bundles
 $(ARM64_WORK)/encoder/bundle/manifest.json: | $(VENV)/.installed
 	nice -n 10 $(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ARM64_WORK)/encoder --overwrite
 	nice -n 10 $(PY) -m keras_mha_export $(ARM64_WORK)/encoder --out $(ARM64_WORK)/encoder/bundle --quant dynamic --overwrite
+
+# reranker: a random BERT cross-encoder (2 layers x 4 heads, d_model 64) with
+# MiniLM's tokenizer: pairs with token types, a score each, ranking parity.
+$(ARM64_WORK)/reranker/bundle/manifest.json: | $(VENV)/.installed
+	PYTHONPATH=. nice -n 10 $(PY) .ci/arm64/reranker.py $(ARM64_WORK)/reranker-checkpoint
+	nice -n 10 $(PY) -m keras_mha.pretrained $(ARM64_WORK)/reranker-checkpoint --out $(ARM64_WORK)/reranker --overwrite
+	nice -n 10 $(PY) -m keras_mha_export $(ARM64_WORK)/reranker --out $(ARM64_WORK)/reranker/bundle --quant $(ARM64_TEXT_MODES) --overwrite
 
 $(ARM64_WORK)/digits/bundle/manifest.json: | $(VENV)/.installed
 	nice -n 10 $(PY) -m keras_mha.train --dataset digits --out $(ARM64_WORK)/digits $(ARM64_DIGITS_TRAIN) --overwrite --quiet
@@ -63,14 +72,14 @@ test-arm64: $(VENV)/.installed $(EDGE_VENV)/.installed arm64-bundles
 	@# run (on a good reference only); then the gate, which runs even when a step before
 	@# it failed, so that summary.json always says how the run went.
 	status=0; start=$$(date +%s); \
-	for b in digits pronouns encoder; do \
+	for b in digits pronouns encoder reranker; do \
 	  n=$$([ $$b = pronouns ] && echo text || echo $$b); \
 	  $(EDGE_PY) -m edge_demo $(ARM64_WORK)/$$b/bundle --json $(ARM64_RESULTS)/x86-64-$$n.json >/dev/null || status=1; \
 	  PYTHONPATH=. $(EDGE_PY) .ci/arm64/raw_outputs.py $(ARM64_WORK)/$$b/bundle $(ARM64_RESULTS)/x86-64-$$n-raw.npz 2>/dev/null || status=1; \
 	done; \
 	if [ $$status = 0 ]; then \
 	  ARM64_CPUS="$(ARM64_CPUS)" ARM64_CACHE="$(ARM64_CACHE)" HOST_PYTHON="$(abspath $(PY))" \
-	    nice -n 10 bash $(ARM64_TEST_SH) $(ARM64_RESULTS) $(ARM64_WORK)/digits/bundle $(ARM64_WORK)/pronouns/bundle $(ARM64_WORK)/encoder/bundle "$(ARM64_SENTENCE)" "$(ARM64_QUERY)" || status=$$?; \
+	    nice -n 10 bash $(ARM64_TEST_SH) $(ARM64_RESULTS) $(ARM64_WORK)/digits/bundle $(ARM64_WORK)/pronouns/bundle $(ARM64_WORK)/encoder/bundle $(ARM64_WORK)/reranker/bundle "$(ARM64_SENTENCE)" "$(ARM64_QUERY)" || status=$$?; \
 	fi; \
 	$(EDGE_PY) .ci/arm64/summary.py $(ARM64_RESULTS) $(ARM64_CPUS) --run-status $$status \
 	  --seconds $$(( $$(date +%s) - start )) \

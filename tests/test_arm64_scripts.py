@@ -67,7 +67,7 @@ def _test_sh(tmp_path, *args: str, cpus: str | None = None) -> subprocess.Comple
     [("max", "QEMU_CPU=max"), ("", "ARM64_CPUS is empty"), ("cortex-a53", "no /proc/cpuinfo")],
 )
 def test_test_sh_refuses_a_cpu_before_touching_anything(tmp_path, cpus, message):
-    bundles = (str(tmp_path),) * 3  # digits, text, encoder
+    bundles = (str(tmp_path),) * 4  # digits, text, encoder, reranker
     proc = _test_sh(tmp_path, *bundles, "a sentence", "a query", cpus=cpus)
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
@@ -76,15 +76,17 @@ def test_test_sh_refuses_a_cpu_before_touching_anything(tmp_path, cpus, message)
 @pytest.mark.parametrize(
     "given, message",
     [
-        (0, "usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE TEXT QUERY"),
+        (0, "usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE RERANKER_BUNDLE"),
         (3, "encoder bundle"),
-        (4, "a sentence for --text"),
-        (5, "a query for the encoder"),
+        (4, "reranker bundle"),
+        (5, "a sentence for --text"),
+        (6, "a query for the encoder"),
     ],
 )
-def test_test_sh_refuses_fewer_than_six_arguments(tmp_path, given, message):
-    """OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE "TEXT" "QUERY": each one is required."""
-    args = [str(tmp_path / "out"), str(tmp_path), str(tmp_path), str(tmp_path), "a sentence"]
+def test_test_sh_refuses_fewer_than_seven_arguments(tmp_path, given, message):
+    """OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE RERANKER_BUNDLE "TEXT" "QUERY": each
+    one is required."""
+    args = [str(tmp_path / "out"), *[str(tmp_path)] * 4, "a sentence"]
     proc = _run("bash", str(ARM64 / "test.sh"), *args[:given], env={"ARM64_CPUS": "max"})
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr
     assert "QEMU_CPU=max" not in proc.stderr  # refused before the CPUs are looked at
@@ -92,11 +94,11 @@ def test_test_sh_refuses_fewer_than_six_arguments(tmp_path, given, message):
 
 
 def test_test_sh_refuses_an_encoder_bundle_without_a_manifest(tmp_path):
-    for name in ("digits", "text", "encoder"):
+    for name in ("digits", "text", "encoder", "reranker"):
         (tmp_path / name).mkdir()
-    for name in ("digits", "text"):
+    for name in ("digits", "text", "reranker"):
         (tmp_path / name / "manifest.json").write_text("{}")
-    bundles = [str(tmp_path / name) for name in ("digits", "text", "encoder")]
+    bundles = [str(tmp_path / name) for name in ("digits", "text", "encoder", "reranker")]
     proc = _test_sh(tmp_path, *bundles, "a sentence", "a query")  # the default CPUs
     assert proc.returncode == 2, proc.stderr
     assert f"test-arm64: {bundles[2]} is not a bundle (no manifest.json)" in proc.stderr
@@ -108,11 +110,12 @@ MODES = {
     "digits": ("float32", "dynamic", "float16", "int8", "int16x8"),
     "text": ("float32", "dynamic", "float16", "int8"),
     "encoder": ("dynamic",),  # all-MiniLM-L6-v2: dynamic range only on ARM
+    "reranker": ("float32", "dynamic", "float16", "int8"),  # a small cross-encoder
 }
 # Checks summary.py counts for two CPUs: the run status; per bundle, a report per machine
 # and a parity check per machine and mode; the x86-64 raw file, one per CPU, and a raw
-# check per CPU and mode: 1 + 9 reports + 30 parity + 3 x86-64 raw files + 6 CPU raw files
-# + 20 raw checks = 69 (58 before the encoder).
+# check per CPU and mode: 1 + 12 reports + 42 parity + 4 x86-64 raw files + 8 CPU raw
+# files + 28 raw checks = 95 (58 before the encoder, 69 before the reranker).
 CHECKS = 1 + sum(3 * (1 + len(m)) + 1 + 2 + 2 * len(m) for m in MODES.values())
 # The encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
 # one 384-element unit vector each.
@@ -132,10 +135,33 @@ ENCODER_REPORT = {
 }
 
 
+# The edge demo's figures for the reranker's modes on x86-64 (its int8 row, make test-arm64).
+RERANKER_REPORT = {
+    "passed": True,
+    "skipped": False,
+    "accuracy": None,
+    "agreement": 0.767,
+    "max_abs_diff": 0.084,
+    "mean_abs_diff": 0.016,
+    "top1": 0.767,
+    "top5": 1.0,
+}
+
+
 def _reference(bundle: str, rng) -> dict[str, np.ndarray]:
     """x86-64 raw outputs: 360 samples, 10 classes; float, int8 (1/256) and int16 (1/32768).
 
-    The encoder: 389 unit vectors of 384 float32 elements."""
+    The encoder: 389 unit vectors of 384 float32 elements. The reranker: 600 pair scores
+    (30 queries x 20 passages), float32, and int8 (1/256) in int8 mode."""
+    if bundle == "reranker":
+        scores = rng.uniform(0.05, 0.95, (600, 1))
+        scores[::20] = 0.99  # each query's best passage, well ahead
+        return {
+            mode: np.clip(np.rint(scores * 256) - 128, -128, 127).astype(np.int8)
+            if mode == "int8"
+            else scores.astype(np.float32)
+            for mode in MODES[bundle]
+        }
     if bundle == "encoder":
         vectors = rng.standard_normal((SENTENCES, WIDTH))
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -164,6 +190,11 @@ def _as_measured(bundle: str, raw: dict[str, np.ndarray]) -> dict[str, np.ndarra
     0.0131 on an Intel Xeon host.
     """
     arm = {mode: values.copy() for mode, values in raw.items()}
+    if bundle == "reranker":  # a float score 7e-7 off, an int8 score one quantum
+        for mode in ("float32", "dynamic", "float16"):
+            arm[mode][5, 0] += np.float32(7e-7)
+        arm["int8"][7, 0] += 1
+        return arm
     if bundle == "encoder":
         noise = np.random.default_rng(1).uniform(-5e-4, 5e-4, arm["dynamic"][::10].shape)
         arm["dynamic"][::10] += noise.astype(np.float32)
@@ -200,6 +231,8 @@ def _write_results(out: pathlib.Path, edit=None) -> pathlib.Path:
             raw = {mode: values.copy() for mode, values in raw.items()}
             if bundle == "encoder":
                 report = {"modes": {mode: dict(ENCODER_REPORT) for mode in modes}}
+            elif bundle == "reranker":
+                report = {"modes": {mode: dict(RERANKER_REPORT) for mode in modes}}
             else:
                 report = {
                     "modes": {
@@ -265,8 +298,15 @@ def test_summary_passes_the_measured_figures_and_writes_tables_and_json(tmp_path
     assert row in lines
     cell = "14976 of 149376; max 0.0005; min cosine 0.999982"  # 39 vectors of 384 moved
     assert f"| dynamic | {cell} | {cell} |" in lines
-    assert "top-1 same" not in proc.stdout.split("**encoder**: raw outputs")[1]
-    assert CHECKS == 69 and proc.stderr.strip() == "test-arm64: PASS: 69 of 69 checks passed"
+    encoder_raw = proc.stdout.split("**encoder**: raw outputs")[1].split("**reranker**")[0]
+    assert "top-1 same" not in encoder_raw
+    # The reranker: its ranking figures, and "top-1" meaning a query's best of 20 passages.
+    assert "**reranker**: top-1 / top-5 of the float model's ranking / max |Δscore|" in lines
+    row = "| int8 | " + " | ".join(["0.767 / 1.000 / 0.084 PASS"] * 3) + " |"
+    assert row in lines
+    cell = "1 of 600; max 1 quanta; top-1 same 1.0000"
+    assert f"| int8 | {cell} | {cell} |" in proc.stdout.split("**reranker**: raw outputs")[1]
+    assert CHECKS == 95 and proc.stderr.strip() == "test-arm64: PASS: 95 of 95 checks passed"
 
 
 def _int16_one_quantum(machine, bundle, raw, report):
@@ -359,9 +399,20 @@ def _encoder_padded(machine, bundle, raw, report):  # a vector per sentence, one
         raw["dynamic"] = raw["dynamic"][:-1]
 
 
+def _reranker_flip(machine, bundle, raw, report):  # query 1's best passage changes on a76
+    if machine == "cortex-a76" and bundle == "reranker":
+        raw["int8"][23, 0] = 127  # passage 3 of query 1 above its best (0.99: 125)
+
+
 @pytest.mark.parametrize(
     "edit, failed, message",
     [
+        (
+            _reranker_flip,
+            1,
+            "reranker int8 on cortex-a76 vs x86-64: max |Δ| 188 quanta (at most 24 quanta); "
+            "top-1 the same on 0.9667 (at least 0.99)\n",  # one query of 30
+        ),
         (_int16_one_quantum, 1, "digits int16x8 on cortex-a72 vs x86-64: 0.03% of values differ"),
         (_float_5e_6, 1, "text float16 on cortex-a76 vs x86-64: max |Δ| 5.01e-06 (at most 4e-06)"),
         (
@@ -470,10 +521,10 @@ def test_summary_counts_a_failed_run_and_missing_files(tmp_path):
     proc = _summary(out, "--run-status", "1")
     assert proc.returncode == 1
     summary = json.loads((out / "summary.json").read_text())
-    # The run status, a76's three reports and three raw files: 7 failed checks; the
+    # The run status, a76's four reports and four raw files: 9 failed checks; the
     # per-mode checks a76 would have had are not counted.
-    assert summary["failed"] == 7, proc.stderr
-    assert summary["passed"] == CHECKS - 7 - 2 * sum(len(m) for m in MODES.values())
+    assert summary["failed"] == 9, proc.stderr
+    assert summary["passed"] == CHECKS - 9 - 2 * sum(len(m) for m in MODES.values())
     assert "the runs exited 1" in proc.stderr
     assert "digits on cortex-a76: no raw outputs cortex-a76-digits-raw.npz" in proc.stderr
     assert "encoder on cortex-a76: no edge demo report cortex-a76-encoder.json" in proc.stderr
@@ -549,9 +600,9 @@ exec {python} "$@"
 """
 _FAKE_TEST_SH = """#!/bin/sh
 # Stands in for .ci/arm64/test.sh: keeps its arguments (one a line), refuses any number
-# but test.sh's six, copies made-up results into OUT_DIR, exits as told.
+# but test.sh's seven, copies made-up results into OUT_DIR, exits as told.
 printf '%s\\n' "$@" >"$FAKE_ARGS"
-[ $# -eq 6 ] || {{ echo "fake test.sh: $# arguments, not 6" >&2; exit 2; }}
+[ $# -eq 7 ] || {{ echo "fake test.sh: $# arguments, not 7" >&2; exit 2; }}
 cp "$FAKE_RESULTS"/* "$1"/
 exit "${{FAKE_STATUS:-0}}"
 """
@@ -569,6 +620,7 @@ def _make_test_arm64(tmp_path, results: pathlib.Path, status: int = 0):
         work / "digits" / "bundle" / "manifest.json",
         work / "pronouns" / "bundle" / "manifest.json",
         work / "encoder" / "bundle" / "manifest.json",
+        work / "reranker" / "bundle" / "manifest.json",
     ):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("{}")
@@ -613,13 +665,14 @@ def test_make_test_arm64_passes_and_writes_summary_json(tmp_path):
     tables = (out / "tables.md").read_text()
     assert "| int8 | 7 of 3600; max 6 quanta" in tables
     assert "| dynamic | 14976 of 149376; max 0.0005; min cosine 0.999982 | " in tables
-    # test.sh got its six arguments: the results, the three bundles, the sentence, the query.
+    # test.sh got its seven arguments: the results, the four bundles, the sentence, the query.
     work = tmp_path / "work"
     assert (tmp_path / "test-sh-args.txt").read_text().splitlines() == [
         str(out),
         str(work / "digits" / "bundle"),
         str(work / "pronouns" / "bundle"),
         str(work / "encoder" / "bundle"),
+        str(work / "reranker" / "bundle"),
         "the model didn't work with the laptop because it was too complex",
         "Will it rain in the hills tomorrow?",
     ]

@@ -173,13 +173,14 @@ def test_head_tools_take_the_classifier(classifier, tmp_path):
 
 
 def test_what_a_classifier_import_refuses(classifier, tmp_path):
-    """Multi-label heads, one label, and id2label that does not name 0..N-1 once each."""
+    """Multi-label heads, a label count id2label contradicts, and id2label that does not
+    name 0..N-1 once each (one label is a cross-encoder: tests/test_pretrained_cross_encoders.py)."""
     from keras_mha.pretrained.checkpoint import resolve
 
     base = json.loads((classifier["dir"] / "config.json").read_text())
     cases = [
         ({"problem_type": "multi_label_classification"}, "problem_type .* is not supported"),
-        ({"id2label": {"0": "only"}}, "id2label must map 2 to"),
+        ({"id2label": {"0": "a", "1": "b", "2": "c"}, "num_labels": 2}, "num_labels 2 but"),
         ({"id2label": {"0": "a", "2": "b"}}, r"id2label's ids must be 0..1"),
         ({"id2label": {"0": "a", "1": "a"}}, "id2label names a class twice"),
         ({"id2label": {"0": "a", "1": ""}}, "labels must be class names"),

@@ -5,7 +5,8 @@ usage: python3 summary.py OUT_DIR [CPU ...] [--run-status N] [--seconds S] [--ta
 (numpy only; prints Markdown tables, then one line per failed check on stderr)
 
 OUT_DIR holds, per machine M (x86-64 and each CPU) and bundle B (digits,
-text, encoder: all-MiniLM-L6-v2 in dynamic-range mode): M-B.json (the edge demo's --json report) and M-B-raw.npz
+text, encoder: all-MiniLM-L6-v2 in dynamic-range mode, reranker: a small
+cross-encoder, reranker.py): M-B.json (the edge demo's --json report) and M-B-raw.npz
 (raw_outputs.py). The checks, each counted once:
 
 - `--run-status N`: the exit status of the runs that filled OUT_DIR
@@ -34,8 +35,11 @@ import sys
 
 import numpy as np
 
-BUNDLES = ("digits", "text", "encoder")
+BUNDLES = ("digits", "text", "encoder", "reranker")
 EMBEDDING_BUNDLES = ("encoder",)  # outputs are unit sentence vectors, not probabilities
+# outputs are one score per (query, passage) pair, in groups of PASSAGES rows per query
+RANKING_BUNDLES = ("reranker",)
+PASSAGES = 20  # edge_demo/contract/parity.py's
 REFERENCE = "x86-64"
 FLOAT_MODES = ("float32", "float16")  # float arithmetic throughout
 
@@ -81,6 +85,10 @@ class RawBound:
 #   from the float model (min cosine, max |Δ| of an element), figures read
 #   from the two machines' edge demo reports. "Top-1 the same" has no meaning
 #   for a vector and is not checked.
+# - reranker (a small random cross-encoder, every mode): one score per pair,
+#   held to the classifiers' bounds per mode, with "top-1" meaning a query's
+#   best passage of its 20 (the raw outputs grouped by query): a ranking the
+#   machines must agree on as they agree on a class.
 RAW_BOUNDS = {
     "float": RawBound(max_share_different=1.0, max_abs=4e-6, min_top1_same=1.0),
     "dynamic": RawBound(max_share_different=1.0, max_abs=1 / 256, min_top1_same=0.99),
@@ -144,6 +152,8 @@ def parity(out: pathlib.Path, machines: list[str], bundle: str, gate: Gate) -> l
     title = f"**{bundle}**: accuracy / top-1 agreement with the float model / max |Δprob|"
     if bundle in EMBEDDING_BUNDLES:
         title = f"**{bundle}**: min / mean cosine to the float model / top-5 neighbour agreement"
+    if bundle in RANKING_BUNDLES:
+        title = f"**{bundle}**: top-1 / top-5 of the float model's ranking / max |Δscore|"
     lines = _head(title, machines)
     reports = {m: _report(out / f"{m}-{bundle}.json") for m in machines}
     reference = reports[machines[0]]
@@ -173,6 +183,12 @@ def parity(out: pathlib.Path, machines: list[str], bundle: str, gate: Gate) -> l
                 cells.append(
                     f"{_fmt(r.get('min_cosine'), '.6f')} / {_fmt(r.get('mean_cosine'), '.6f')} / "
                     f"{_fmt(r.get('top5'), '.3f')} {verdict}"
+                )
+                continue
+            if bundle in RANKING_BUNDLES:
+                cells.append(
+                    f"{_fmt(r.get('top1'), '.3f')} / {_fmt(r.get('top5'), '.3f')} / "
+                    f"{_fmt(r.get('max_abs_diff'), '.2g')} {verdict}"
                 )
                 continue
             cells.append(
@@ -281,7 +297,10 @@ def raw_diff(out: pathlib.Path, cpus: list[str], bundle: str, gate: Gate) -> lis
                     cells.append("no figures")
                     gate.check(False, f"{bundle} {mode} on {cpu}: no cosine figures in the reports")
                     continue
-            cell, problems = _compare(other[cpu][mode], want, bound, embedding)
+            got, expected = other[cpu][mode], want
+            if bundle in RANKING_BUNDLES and got.shape == want.shape and got.size % PASSAGES == 0:
+                got, expected = got.reshape(-1, PASSAGES), want.reshape(-1, PASSAGES)  # per query
+            cell, problems = _compare(got, expected, bound, embedding)
             cells.append(cell)
             gate.check(not problems, f"{bundle} {mode} on {cpu} vs x86-64: {'; '.join(problems)}")
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")

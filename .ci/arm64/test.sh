@@ -10,19 +10,20 @@
 # x86-64's with summary.py (RAW_BOUNDS), which also writes summary.json.
 # Pitfalls handled here, each measured: docs/field_notes.md (64-bit ARM).
 #
-# usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE "TEXT" "QUERY"
+# usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE RERANKER_BUNDLE "TEXT" "QUERY"
 # env:   ARM64_CPUS (default "cortex-a72 cortex-a76"), ARM64_CACHE
 #        (default /var/cache/keras-mha), HOST_PYTHON (pip download, first build)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-out=${1:?usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE TEXT QUERY}
+out=${1:?usage: test.sh OUT_DIR DIGITS_BUNDLE TEXT_BUNDLE ENCODER_BUNDLE RERANKER_BUNDLE TEXT QUERY}
 digits=${2:?digits bundle}
 text_bundle=${3:?text bundle}
 encoder_bundle=${4:?encoder bundle}
-sentence=${5:?a sentence for --text}
-query=${6:?"a query for the encoder's --text"}
+reranker_bundle=${5:?reranker bundle}
+sentence=${6:?a sentence for --text}
+query=${7:?"a query for the encoder's --text and the reranker's --pair"}
 cpus=${ARM64_CPUS-cortex-a72 cortex-a76}
 chroot=$(command -v chroot || echo /usr/sbin/chroot)
 
@@ -34,7 +35,7 @@ for cpu in $cpus; do
     case $cpu in max | host) fail "QEMU_CPU=$cpu: use a real core (cortex-a72, cortex-a76)" ;; esac
     "$here/cpuinfo.sh" "$cpu" >/dev/null || fail "no /proc/cpuinfo for QEMU_CPU=$cpu in cpuinfo.sh"
 done
-for path in "$digits" "$text_bundle" "$encoder_bundle"; do
+for path in "$digits" "$text_bundle" "$encoder_bundle" "$reranker_bundle"; do
     [ -f "$path/manifest.json" ] || { echo "test-arm64: $path is not a bundle (no manifest.json)" >&2; exit 2; }
 done
 [ "$(id -u)" = 0 ] || { echo "test-arm64: needs root (chroot, mount); make test does not" >&2; exit 2; }
@@ -79,6 +80,7 @@ cp "$here/raw_outputs.py" "$app/"
 cp -r "$digits" "$app/bundles/digits"
 cp -r "$text_bundle" "$app/bundles/text"
 cp -r "$encoder_bundle" "$app/bundles/encoder"
+cp -r "$reranker_bundle" "$app/bundles/reranker"
 mkdir -p "$out"
 
 # Runs in the chroot as QEMU_CPU=$1 with a clean environment; stderr kept in $2 (and shown).
@@ -108,7 +110,7 @@ for cpu in $cpus; do
         fail "python3 does not start as $cpu"
     echo "test-arm64: $machine"
     [[ $machine == aarch64* ]] || fail "the chroot's python3 says machine $machine, not aarch64"
-    for name in digits text encoder; do
+    for name in digits text encoder reranker; do
         in_arm "$cpu" "$out/$cpu-$name.err" python3 -m edge_demo "bundles/$name" \
             --json "out/$cpu-$name.json" || fail "edge demo on $name as $cpu exited $?"
         check_stderr "$out/$cpu-$name.err"
@@ -129,7 +131,15 @@ for cpu in $cpus; do
         --embed sentences.txt --out "out/$cpu-encoder-embed.npy" || fail "encoder --embed as $cpu exited $?"
     check_stderr "$out/$cpu-encoder-embed.err"
     [ -s "$app/out/$cpu-encoder-embed.npy" ] || fail "encoder --embed as $cpu wrote no vectors"
+    in_arm "$cpu" "$out/$cpu-reranker-pair.err" python3 -m edge_demo bundles/reranker \
+        --pair "$query" "$sentence" | tee "$out/$cpu-reranker-pair.txt" ||
+        fail "reranker --pair as $cpu exited $?"
+    check_stderr "$out/$cpu-reranker-pair.err"
+    in_arm "$cpu" "$out/$cpu-reranker-rerank.err" python3 -m edge_demo bundles/reranker \
+        --rerank "$query" sentences.txt | tee "$out/$cpu-reranker-rerank.txt" ||
+        fail "reranker --rerank as $cpu exited $?"
+    check_stderr "$out/$cpu-reranker-rerank.err"
     cp "$app/out/"*.json "$app/out/"*.npz "$app/out/"*.npy "$out/"
     umount "$root/proc/cpuinfo"
 done
-echo "test-arm64: PASS: edge demo exit 0 on digits, text and encoder as ${cpus// /, }"
+echo "test-arm64: PASS: edge demo exit 0 on digits, text, encoder and reranker as ${cpus// /, }"

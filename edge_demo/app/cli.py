@@ -2,9 +2,10 @@
 
 By default, a parity run: every eval sample through each selected mode at
 batch 1, compared with the float Keras model's softmax and the manifest's
-thresholds. `--sample N` and `--text "..."` classify one input instead;
-with `--view FILE.html` they also write the head view of one mode's
-attention weights (app/head_view.py).
+thresholds. `--sample N` and `--text "..."` classify one input instead
+(a cross-encoder: `--pair "query" "passage"` scores a pair, `--rerank QUERY
+FILE.txt` orders a file's lines); with `--view FILE.html` they also write the
+head view of one mode's attention weights (app/head_view.py).
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.txt",
         help="embedding bundles: embed each line of FILE.txt (with --out FILE.npy)",
     )
+    what.add_argument(
+        "--pair",
+        nargs=2,
+        metavar=('"QUERY"', '"PASSAGE"'),
+        help="cross-encoder bundles: score one (query, passage) pair in each mode",
+    )
+    what.add_argument(
+        "--rerank",
+        nargs=2,
+        metavar=('"QUERY"', "FILE.txt"),
+        help="cross-encoder bundles: the lines of FILE.txt best first for QUERY, with their "
+        "scores (mode: --quant MODE, default the first runnable)",
+    )
     parser.add_argument(
         "--out", type=pathlib.Path, metavar="FILE.npy", help="with --embed: where to write"
     )
@@ -156,15 +170,18 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     """Parse the command line into DemoOptions (a usage error exits 2, one line)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.json_path is not None and (args.sample is not None or args.text is not None):
-        parser.error("--json applies to the parity run, not to --sample or --text")
-    if args.wide and (args.sample is not None or args.text is not None):
-        parser.error("--wide applies to the parity table, not to --sample or --text")
+    one = args.sample is not None or args.text is not None or args.pair or args.rerank
+    if args.json_path is not None and one:
+        parser.error("--json applies to the parity run, not to --sample, --text or --pair")
+    if args.wide and one:
+        parser.error("--wide applies to the parity table, not to --sample, --text or --pair")
     if args.debug is not None:
         for flag, value in (
             ("--text", args.text),
             ("--wide", args.wide or None),
             ("--view", args.view),
+            ("--pair", args.pair),
+            ("--rerank", args.rerank),
         ):
             if value is not None:
                 parser.error(f"--debug cannot be combined with {flag}")
@@ -172,23 +189,32 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         parser.error("--embed FILE.txt and --out FILE.npy go together")
     if args.embed is not None and (args.json_path or args.wide or args.view or args.debug):
         parser.error("--embed cannot be combined with --json, --wide, --view or --debug")
-    if args.view is not None and args.sample is None and args.text is None:
-        parser.error('--view needs --sample N or --text "..." (the input to show)')
+    if args.view is not None and args.sample is None and args.text is None and not args.pair:
+        parser.error('--view needs --sample N, --text "..." or --pair (the input to show)')
+    if args.rerank and args.view is not None:
+        parser.error("--view shows one input: use --pair, not --rerank")
+    rerank = None if not args.rerank else (args.rerank[0], pathlib.Path(args.rerank[1]))
     for flag, path in (
         ("BUNDLE_DIR", args.bundle),
         ("--json", args.json_path),
         ("--view", args.view),
         ("--embed", args.embed),
         ("--out", args.out),
+        ("--rerank", None if rerank is None else rerank[1]),
     ):
         problem = None if path is None else path_problem(path)
         if problem:
             parser.error(f"{flag} {problem}")
-    if args.text is not None:
-        try:
-            args.text.encode("utf-8")
-        except UnicodeEncodeError:
-            parser.error("--text is not valid UTF-8 text")
+    for flag, texts in (
+        ("--text", [args.text]),
+        ("--pair", args.pair or []),
+        ("--rerank", (args.rerank or [None])[:1]),
+    ):
+        for text in texts:
+            try:
+                None if text is None else text.encode("utf-8")
+            except UnicodeEncodeError:
+                parser.error(f"{flag} is not valid UTF-8 text")
     if args.quant is not None and len(args.quant) > 1000:
         parser.error("--quant is longer than 1000 characters")
     return DemoOptions(
@@ -205,6 +231,8 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         debug=args.debug,
         embed=args.embed,
         out=args.out,
+        pair=None if not args.pair else (args.pair[0], args.pair[1]),
+        rerank=rerank,
     )
 
 
@@ -221,6 +249,15 @@ def _check_request(bundle, options: DemoOptions) -> None:
     from ..contract.files import check_output
     from .head_view import check_view_path
 
+    scores_pairs = bundle.task.pairs
+    if (options.pair or options.rerank) and not scores_pairs:
+        flag = "--pair" if options.pair else "--rerank"
+        raise UsageError(f"needs a cross-encoder bundle; this one is for {bundle.task.name}", flag)
+    if scores_pairs and options.text is not None:
+        raise UsageError(
+            'a cross-encoder scores pairs: use --pair "query" "passage" or --rerank QUERY FILE.txt',
+            "--text",
+        )
     if bundle.task.search:  # --embed and --out: a search bundle's sentence vectors
         if options.out is not None:
             check_output(options.out, "--out", protected=bundle.root)
@@ -276,7 +313,15 @@ def run(options: DemoOptions) -> int:
         return run_embed(bundle, runtime, options, plan)
     if options.view is not None:
         view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
-    if bundle.task.search and (options.text is not None or options.sample is not None):
+    if options.rerank is not None:
+        from .rerank import run_rerank
+
+        return run_rerank(bundle, runtime, options, plan)
+    if bundle.task.pairs and (options.pair or options.sample is not None):
+        from .rerank import run_pair
+
+        (code, x), dropped = run_pair(bundle, runtime, options, plan), ()
+    elif bundle.task.search and (options.text is not None or options.sample is not None):
         from .search import run_search
 
         (code, x), dropped = run_search(bundle, runtime, options, plan), ()
@@ -296,7 +341,7 @@ def run(options: DemoOptions) -> int:
             options.view,
             threads=options.threads,
             sample=options.sample,
-            text=options.text,
+            text=options.text if options.pair is None else options.pair,
             dropped=dropped,
         )
         print(f"wrote {shown(options.view)} ({'; '.join(notes)})")

@@ -65,7 +65,7 @@ def write_view(
     *,
     threads: int = 1,
     sample: int | None = None,
-    text: str | None = None,
+    text: str | tuple[str, str] | None = None,
     dropped: tuple[str, ...] = (),
 ) -> list[str]:
     """Run input `x` (one sample) through `mode` and write the page; returns notes printed."""
@@ -130,8 +130,13 @@ def write_view(
         "named_head_caption": None if coref is None else coref.caption(),
     }
     if bundle.tokenizer is not None:  # the checkpoint's word pieces (texts.json's sentences)
-        sentence = text if text is not None else bundle.texts[sample]
-        typed = bundle.tokenizer.typed(sentence, x)
+        if bundle.pairs or isinstance(text, tuple):  # a cross-encoder's (query, passage)
+            query, passage = text if text is not None else bundle.pairs[sample]
+            sentence = f"{query} | {passage}"
+            typed = bundle.tokenizer.typed(query, x, passage)
+        else:
+            sentence = text if text is not None else bundle.texts[sample]
+            typed = bundle.tokenizer.typed(sentence, x)
         if typed is None:  # not the sentence's own pieces: show the raw ones
             vocabulary = bundle.tokenizer.tokenizer
             typed = [vocabulary.id_to_token(int(i)) or "?" for i in x], None

@@ -23,3 +23,5 @@ class DemoOptions:
     debug: str | None = None  # --debug MODE (debug/cli.py)
     embed: pathlib.Path | None = None  # --embed FILE.txt (embedding bundles)
     out: pathlib.Path | None = None  # --out FILE.npy (with --embed)
+    pair: tuple[str, str] | None = None  # --pair QUERY PASSAGE (cross-encoder bundles)
+    rerank: tuple[str, pathlib.Path] | None = None  # --rerank QUERY FILE.txt

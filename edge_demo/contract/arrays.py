@@ -359,3 +359,25 @@ def check_text_eval(
         )
     check_probabilities(probs, where)
     return EvalData(x, probs.argmax(-1).astype(np.int64), probs.astype(np.float32), labelled=False)
+
+
+def check_pair_eval(
+    x: np.ndarray, scores: np.ndarray, where: str | os.PathLike, pad_id: int = 0
+) -> EvalData:
+    """A cross-encoder's `eval.npz`: the pairs' token ids `x (N, T)` (padded with
+    `pad_id`) and the float model's `scores (N, 1)`, N a multiple of `PASSAGES` (the
+    rows come in groups that share a query). Its y is each row's group."""
+    from .parity import PASSAGES
+
+    n = check_token_ids(x, where, pad_id)
+    if scores.ndim != 2 or scores.shape != (n, 1) or scores.dtype.kind != "f":
+        raise UsageError(f"scores must be float of shape [{n}, 1], got {_describe(scores)}", where)
+    check_inputs(scores, where, "scores")
+    if n % PASSAGES:
+        raise UsageError(
+            f"x has {n} pairs; expected groups of {PASSAGES} passages per query (a multiple "
+            f"of {PASSAGES})",
+            where,
+        )
+    groups = np.arange(n, dtype=np.int64) // PASSAGES
+    return EvalData(x, groups, scores.astype(np.float32), labelled=False)

@@ -56,6 +56,7 @@ class Bundle:
     attention: list[np.ndarray] | None = None
     # An embedding model: the eval sentences (texts.json) and its tokenizer.
     texts: tuple[str, ...] = ()
+    pairs: tuple[tuple[str, str], ...] = ()  # a cross-encoder's eval pairs (pairs.json)
     tokenizer: Subwords | None = None
 
     @property

@@ -1,4 +1,4 @@
-"""`labels.json` and `texts.json`: the JSON lists of class names and eval sentences.
+"""`labels.json`, `texts.json` and `pairs.json`: class names, eval sentences and pairs.
 
 Written by the exporter (and the run directories), read by a task's
 `load_files` (tasks/): strict JSON, printable strings, bounded.
@@ -57,3 +57,27 @@ def parse_texts(data: bytes, samples: int, where: str | os.PathLike) -> tuple[st
         if len(text) > MAX_TEXT or safe(text) != text:
             raise UsageError(f"sentence {i} must be at most {MAX_TEXT} printable characters", where)
     return tuple(texts)
+
+
+def pairs_json(pairs) -> bytes:
+    """`pairs.json`'s bytes: a cross-encoder's eval pairs, [query, passage] per sample."""
+    return (json.dumps([list(pair) for pair in pairs], ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def parse_pairs(data: bytes, samples: int, where: str | os.PathLike) -> tuple[tuple[str, str], ...]:
+    """`pairs.json`: one [query, passage] per eval sample, each printable, at most
+    `MAX_TEXT` characters."""
+    pairs = parse_json(data, where)
+    if not isinstance(pairs, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in pairs
+    ):
+        raise UsageError("expected a JSON list of [query, passage] pairs", where)
+    if len(pairs) != samples:
+        raise UsageError(f"has {len(pairs)} pairs, manifest.json says {samples}", where)
+    for i, pair in enumerate(pairs):
+        if any(len(text) > MAX_TEXT or safe(text) != text or not text.strip() for text in pair):
+            raise UsageError(
+                f"pair {i} must be two non-empty texts of at most {MAX_TEXT} printable characters",
+                where,
+            )
+    return tuple((query, passage) for query, passage in pairs)

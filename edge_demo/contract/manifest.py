@@ -62,6 +62,7 @@ class Manifest:
     # An embedding model's text side: the eval sentences (texts.json, one per
     # sample) and the checkpoint's tokenizer.json with the longest input.
     texts: FileRef | None = None
+    pairs: FileRef | None = None  # a cross-encoder's (query, passage) per sample (pairs.json)
     tokenizer: FileRef | None = None
     max_length: int | None = None
     pad_id: int = 0  # the id that pads x and that the model masks (RoBERTa's <pad>: 1)
@@ -163,7 +164,9 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
         samples=fields.integer(ev, "samples", "eval.", minimum=1, maximum=MAX_SAMPLES),
         x_shape=x_shape,
         x_dtype=fields.string(ev, "x_dtype", "eval."),
-        num_classes=fields.integer(ev, "num_classes", "eval.", minimum=2, maximum=MAX_CLASSES),
+        num_classes=fields.integer(
+            ev, "num_classes", "eval.", minimum=task.min_outputs, maximum=MAX_CLASSES
+        ),
         float_accuracy=task.read_accuracy(fields, ev),
         task=task.name,
     )

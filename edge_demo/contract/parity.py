@@ -110,6 +110,41 @@ def measure_embeddings(vectors: np.ndarray, reference: np.ndarray) -> Parity:
     )
 
 
+# A cross-encoder's eval pairs come in groups of PASSAGES consecutive rows that
+# share a query (tasks/pair_scoring.py): a reranker orders one query's passages.
+PASSAGES = 20
+
+
+def measure_ranking(scores: np.ndarray, reference: np.ndarray) -> Parity:
+    """Figures of a mode's pair scores `(N, 1)` against the float model's, group by group.
+
+    top-1: the mode ranks the float model's best passage of a query first;
+    top-5: the float model's best is among the mode's five best (a result
+    page of five still shows it). The |Δ| figures are on the scale of the
+    float scores, |Δ| / max(1, max |s|): a sigmoid score's difference as it
+    is, a logit's relative to the largest (a reranker declaring no sigmoid).
+    """
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    reference = np.asarray(reference, np.float64).reshape(-1)
+    if not np.isfinite(scores).all():
+        return Parity(math.nan, math.nan, math.nan, math.nan)
+    groups = len(scores) // PASSAGES
+    ours = scores[: groups * PASSAGES].reshape(groups, PASSAGES)
+    theirs = reference[: groups * PASSAGES].reshape(groups, PASSAGES)
+    best = np.argmax(theirs, axis=1)  # the float model's first passage of each query
+    order = np.argsort(-ours, axis=1, kind="stable")
+    top1 = float((order[:, 0] == best).mean())
+    diff = np.abs(scores - reference) / max(1.0, float(np.abs(reference).max()))
+    return Parity(
+        accuracy=math.nan,
+        agreement=top1,
+        max_abs_diff=float(diff.max()),
+        mean_abs_diff=float(diff.mean()),
+        top1=top1,
+        top5=float((order[:, :5] == best[:, None]).any(1).mean()),
+    )
+
+
 def measure(probs: np.ndarray, y: np.ndarray | None, reference: np.ndarray) -> Parity:
     """Figures of `probs (N, C)` against labels `y (N,)` and the float model's `reference`
     (`y` None: no labels, accuracy NaN; a classifier imported without its data)."""
@@ -276,6 +311,27 @@ def embedding_thresholds(mode: str, samples: int) -> Thresholds:
         min_cosine=EMBEDDING_MIN_COSINE,
         min_mean_cosine=EMBEDDING_MIN_MEAN_COSINE,
         min_top5=(samples - allowed) / samples,
+    )
+
+
+def ranking_thresholds(mode: str, samples: int) -> Thresholds:
+    """A cross-encoder's `mode` on `samples` pairs (`samples // PASSAGES` queries).
+
+    What a user of a reranker notices is the best passage leaving the first
+    page: the float model's best passage must stay among the mode's five best
+    for all but `changes_allowed(queries)` queries, the embedding models' rule
+    with a query in place of a sentence. Top-1 is reported, not bounded: two
+    passages within a rounding of each other swap places without a user being
+    able to tell. float32 and float16 also bound every score (on the float
+    scores' scale, `measure_ranking`) as they bound a probability.
+    """
+    if mode not in FLOAT_THRESHOLDS and mode not in QUANTIZED_MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    queries = max(1, samples // PASSAGES)
+    allowed = changes_allowed(queries)
+    return Thresholds(
+        max_abs_diff=FLOAT_THRESHOLDS[mode].max_abs_diff if mode in FLOAT_THRESHOLDS else None,
+        min_top5=(queries - allowed) / queries,
     )
 
 

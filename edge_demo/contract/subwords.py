@@ -42,6 +42,16 @@ def _library():
     return tokenizers
 
 
+def _check_texts(texts) -> None:
+    for text in texts:
+        if not isinstance(text, str):
+            raise UsageError(f"expected text, got {type(text).__name__}", "--text")
+        if len(text) > MAX_TEXT_CHARS:
+            raise UsageError(
+                f"a sentence of {len(text)} characters; at most {MAX_TEXT_CHARS}", "--text"
+            )
+
+
 @dataclasses.dataclass
 class Subwords:
     """A `tokenizers.Tokenizer` with the model's padding id and a length limit."""
@@ -100,31 +110,49 @@ class Subwords:
 
     def encode(self, texts: list[str], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids (N, T) int32 padded with `pad_id`, lengths (N,)); T = `length` or the longest."""
-        for text in texts:
-            if not isinstance(text, str):
-                raise UsageError(f"expected text, got {type(text).__name__}", "--text")
-            if len(text) > MAX_TEXT_CHARS:
-                raise UsageError(
-                    f"a sentence of {len(text)} characters; at most {MAX_TEXT_CHARS}", "--text"
-                )
+        _check_texts(texts)
         encodings = self.tokenizer.encode_batch(list(texts)) if texts else []
+        return self._padded(encodings, length)
+
+    def encode_pairs(
+        self, pairs: list[tuple[str, str]], length: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """A cross-encoder's input: each (query, passage) as the checkpoint's tokenizer joins
+        them (`[CLS] q [SEP] p [SEP]`, `<s> q </s></s> p </s>`), truncated longest first
+        to `max_length`; (ids (N, T) padded with `pad_id`, lengths (N,))."""
+        for pair in pairs:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise UsageError("expected (query, passage) pairs", "--pair")
+            _check_texts(pair)
+        encodings = self.tokenizer.encode_batch([tuple(p) for p in pairs]) if pairs else []
+        return self._padded(encodings, length, "a pair")
+
+    def _padded(
+        self, encodings, length: int | None, what: str = "a sentence"
+    ) -> tuple[np.ndarray, np.ndarray]:
         lengths = np.array([len(e.ids) for e in encodings], np.int64)
-        width = int(length if length is not None else (lengths.max() if len(texts) else 1))
-        if length is not None and len(texts) and lengths.max() > length:
+        width = int(length if length is not None else (lengths.max() if len(lengths) else 1))
+        if length is not None and len(lengths) and lengths.max() > length:
             raise UsageError(
-                f"a sentence has {lengths.max()} word pieces; the array holds {length}", "--text"
+                f"{what} has {lengths.max()} word pieces; the array holds {length}", "--text"
             )
-        ids = np.full((len(texts), width), self.pad_id, np.int32)
+        ids = np.full((len(encodings), width), self.pad_id, np.int32)
         for row, encoding in enumerate(encodings):
             ids[row, : len(encoding.ids)] = encoding.ids
         return ids, lengths
+
+    def lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Each row's tokens before its padding (padding is only at the end)."""
+        ids = np.asarray(ids)
+        real = ids != self.pad_id
+        return np.where(real.any(1), ids.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
 
     def pieces(self, text: str) -> tuple[list[str], list[tuple[int, int]]]:
         """The word pieces of one sentence and each one's (start, end) in `text`."""
         encoding = self.tokenizer.encode(text)
         return list(encoding.tokens), [tuple(o) for o in encoding.offsets]
 
-    def typed(self, text: str, ids) -> tuple[list[str], list[bool]] | None:
+    def typed(self, text: str, ids, pair: str | None = None) -> tuple[list[str], list[bool]] | None:
         """The word pieces of `text` as typed: (the text each covers, joined flags).
 
         For the head view. Special tokens ([CLS], [SEP], [UNK]) keep their
@@ -133,20 +161,23 @@ class Subwords:
         None when `text` does not tokenize to `ids` (the input the model
         ran): then show the raw pieces.
         """
-        encoding = self.tokenizer.encode(text)
+        encoding = (
+            self.tokenizer.encode(text) if pair is None else self.tokenizer.encode(text, pair)
+        )
         if [int(i) for i in encoding.ids] != [int(i) for i in ids]:
             return None
+        sources = (text, "" if pair is None else pair)
         unknown = getattr(self.tokenizer.model, "unk_token", "[UNK]")
         shown, joined, end = [], [], None
-        for token, (start, stop), special in zip(
-            encoding.tokens, encoding.offsets, encoding.special_tokens_mask
+        for token, (start, stop), special, sequence in zip(
+            encoding.tokens, encoding.offsets, encoding.special_tokens_mask, encoding.sequence_ids
         ):
-            if special or token == unknown or stop <= start:
+            if special or token == unknown or stop <= start or sequence is None:
                 shown.append(token)
                 joined.append(False)
                 end = None
             else:
-                shown.append(text[start:stop])
+                shown.append(sources[sequence][start:stop])
                 joined.append(end == start)
                 end = stop
         return shown, joined

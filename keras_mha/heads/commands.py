@@ -365,8 +365,12 @@ def _encoder_view(run, sample: int | None, text: str | None):
         if not 0 <= sample < n:
             raise UsageError(f"--sample must be in [0, {n}); got {sample}")
         sentence, ids = run.texts[sample], run.eval.x[sample]
-        ids = ids[: int(np.flatnonzero(ids).max()) + 1] if ids.any() else ids[:1]
+        ids = ids[: max(1, int(run.tokenizer.lengths(ids[None])[0]))]  # without the padding
         title = f"{run.dataset} sentence {sample}"
+        if isinstance(sentence, tuple):  # a cross-encoder's (query, passage)
+            title = f"{run.dataset} pair {sample}"
+    elif run.config.score_activation:
+        raise UsageError("a cross-encoder's view shows an eval pair: use --sample N", "--text")
     else:
         sentence = text
         ids = run.tokenizer.encode([text])[0][0]
@@ -375,7 +379,11 @@ def _encoder_view(run, sample: int | None, text: str | None):
             notes.append(f"truncated to max_length {run.max_length} word pieces")
     model = run.load_model()
     _, weights = encoder_forward(model, ids[None], return_attention=True)
-    typed = run.tokenizer.typed(sentence, ids)
+    if isinstance(sentence, tuple):
+        typed = run.tokenizer.typed(sentence[0], ids, sentence[1])
+        sentence = f"{sentence[0]} | {sentence[1]}"
+    else:
+        typed = run.tokenizer.typed(sentence, ids)
     if typed is None:  # eval ids that are not the sentence's own pieces: show the raw ones
         vocabulary = run.tokenizer.tokenizer
         typed = [vocabulary.id_to_token(int(i)) or "?" for i in ids], None

@@ -6,6 +6,9 @@
            token [CLS], or the max over the real tokens) -> L2 normalisation
     or, for a sequence classifier (config.json's *ForSequenceClassification):
         -> the first token -> Dense(d, tanh | relu) -> Dense(classes) -> softmax
+    or, for a cross-encoder (the same with one label; its input a pair, the
+    tokens after the first [SEP] token type 1):
+        -> the first token -> Dense(d, tanh | relu) -> Dense(1) -> sigmoid (or none)
 
 This is the model sentence-transformers runs for all-MiniLM-L6-v2 (6 layers,
 12 heads, d_model 384, d_k 32, mean pooling), and for BERT, DistilBERT,
@@ -86,6 +89,7 @@ def build_encoder(
         config.layer_norm_eps,
         pad_id=config.pad_token_id,  # the mask: ids != pad_id
         position_offset=config.position_offset,  # RoBERTa's positions start at pad_id + 1
+        pair_sep_id=config.pair_sep_id,  # a cross-encoder's pair: type 1 after the first [SEP]
         name="embedding",
     )(ids)
     for i, heads in enumerate(heads_per_layer):
@@ -99,7 +103,7 @@ def build_encoder(
             name=f"transformer_layer_{i}",
         )(x)
     x = POOLING_LAYERS[config.pooling](name="pooling")(x)  # the checkpoint's sentence vector
-    if not config.labels:
+    if not config.labels and not config.score_activation:
         x = L2Normalize(name="normalize")(x)
         return keras.Model(ids, x, name="keras_mha_encoder")
     # the checkpoint's classifier head on the first token: BERT's pooler (tanh),
@@ -107,6 +111,12 @@ def build_encoder(
     x = keras.layers.Dense(
         config.hidden_size, activation=config.classifier_activation, name="pre_classifier"
     )(x)
+    if config.score_activation:  # a cross-encoder: one logit, CrossEncoder's activation
+        x = keras.layers.Dense(1, name="classifier")(x)
+        x = keras.layers.Activation(
+            "sigmoid" if config.score_activation == "sigmoid" else "linear", name="score"
+        )(x)
+        return keras.Model(ids, x, name="keras_mha_cross_encoder")
     x = keras.layers.Dense(config.num_labels, name="classifier")(x)  # logits
     x = keras.layers.Softmax(name="softmax")(x)
     return keras.Model(ids, x, name="keras_mha_classifier")
@@ -114,8 +124,8 @@ def build_encoder(
 
 # The layers after the last block, in order (those a model has): a sentence
 # encoder's pooling and normalize; a classifier's pooling, pre_classifier,
-# classifier and softmax.
-HEAD_LAYERS = ("pooling", "pre_classifier", "classifier", "softmax", "normalize")
+# classifier and softmax; a cross-encoder's the same with its score activation.
+HEAD_LAYERS = ("pooling", "pre_classifier", "classifier", "softmax", "score", "normalize")
 
 
 def head_forward(model: keras.Model, x, mask):
@@ -212,7 +222,7 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
     names = NAMES[config.family]
     p = _prefix(set(tensors), names)
     heads = sorted(k for k in tensors if k.startswith(TASK_HEADS))
-    if heads and not config.labels:  # a task model whose config.json does not say so
+    if heads and not (config.labels or config.score_activation):  # a task head config.json hides
         raise UsageError(
             f"holds {heads[0]}, a task head's tensor that a sentence encoder import would "
             "drop (a classifier's labels are not kept)",
@@ -271,8 +281,9 @@ def checkpoint_weights(config: BertConfig, tensors: dict[str, np.ndarray]) -> di
             "ffn_out": dense("ffn_out", (d, f)),
             "ffn_norm": norm("ffn_norm"),
         }
-    if config.labels:  # the classifier head: (out, in) Linears, transposed
-        for name, shape in (("pre_classifier", (d, d)), ("classifier", (config.num_labels, d))):
+    classes = config.output_width
+    if config.labels or config.score_activation:  # the head: (out, in) Linears, transposed
+        for name, shape in (("pre_classifier", (d, d)), ("classifier", (classes, d))):
             out[name] = _linear(tensors, names[name].format(p=p), shape)
     return out
 
@@ -321,7 +332,7 @@ def load_weights(model: keras.Model, config: BertConfig, tensors: dict[str, np.n
         for name, dense in (("ffn_in", block._ffn_in), ("ffn_out", block._ffn_out)):
             dense.kernel.assign(w[name][0])
             dense.bias.assign(w[name][1])
-    for name in ("pre_classifier", "classifier") if config.labels else ():
+    for name in ("pre_classifier", "classifier") if "classifier" in weights else ():
         dense = model.get_layer(name)
         dense.kernel.assign(weights[name][0])
         dense.bias.assign(weights[name][1])

@@ -146,6 +146,29 @@ def pooling_of(directory: pathlib.Path) -> str:
     return POOLING_MODES[modes[0]]
 
 
+def pair_separator(path: pathlib.Path, pad_id: int = 0) -> int | None:
+    """The token after which the tokenizer gives a pair's tokens type 1 ([SEP] for BERT's
+    `[CLS] a [SEP] b [SEP]`), or None if it gives every token type 0 (RoBERTa's)."""
+    from edge_demo.contract.subwords import Subwords
+
+    tokenizer = Subwords.load(path, 64, pad_id).tokenizer
+    encoding = tokenizer.encode("first text", "second text")
+    types = list(encoding.type_ids)
+    if 1 not in types:
+        return None
+    start = types.index(1)
+    if start == 0 or 0 in types[start:]:
+        raise UsageError(
+            "gives a pair's token types other than 0 then 1; expected [CLS] a [SEP] (type 0) "
+            "then b [SEP] (type 1)",
+            path,
+        )
+    sep = int(encoding.ids[start - 1])
+    if list(encoding.ids[: start - 1]).count(sep):
+        raise UsageError(f"token {sep} ends the first text but also occurs inside it", path)
+    return sep
+
+
 def resolve(source: str) -> Checkpoint:
     """A known checkpoint name or a directory, every file checked (one-line UsageError)."""
     known = source in KNOWN
@@ -173,8 +196,12 @@ def resolve(source: str) -> Checkpoint:
                 f"missing; a checkpoint directory needs {', '.join(FILES)}", directory / name
             )
     config = read_hf_config(directory / "config.json")
-    if not config.labels:  # a classifier's head reads the first token; an encoder's pooling
+    if not config.labels and not config.score_activation:  # a task head reads the first token
         config = dataclasses.replace(config, pooling=pooling_of(directory))
+    if config.score_activation and config.type_vocab_size > 1:  # a pair's second token type
+        config = dataclasses.replace(
+            config, pair_sep_id=pair_separator(directory / "tokenizer.json", config.pad_token_id)
+        )
     digest = sha256_file(directory / "model.safetensors")
     if known and digest != KNOWN[source]["sha256"]:
         raise UsageError(

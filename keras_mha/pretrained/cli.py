@@ -76,7 +76,15 @@ def import_run(
     except ValueError as error:
         raise UsageError(str(error), "--calibration") from None
     encoder = load(source, max_length)
-    ids = encoder.tokenize(eval_texts)
+    if encoder.config.score_activation:  # a cross-encoder: groups of (query, passage) pairs
+        from keras_mha.pretrained.pairs import calibration_pairs, eval_pairs
+
+        eval_texts = eval_pairs(eval_texts, seed)
+        ids = encoder.tokenize_pairs(eval_texts)
+        calibration_ids = encoder.tokenize_pairs(calibration_pairs(calibration_texts, seed))
+    else:
+        ids = encoder.tokenize(eval_texts)
+        calibration_ids = encoder.tokenize(calibration_texts)
     vectors = encoder.embed_ids(ids)
     metrics = {
         "dataset": "corpus",
@@ -91,7 +99,7 @@ def import_run(
         metrics,
         ids,
         vectors,
-        encoder.tokenize(calibration_texts),
+        calibration_ids,
         eval_texts,
         encoder.checkpoint.tokenizer_file.read_bytes(),
         overwrite=overwrite,
@@ -101,12 +109,15 @@ def import_run(
         f"a {config.family} classifier of {config.num_labels} classes "
         f"({', '.join(config.labels[:5])}{', ...' if config.num_labels > 5 else ''})"
         if config.labels
+        else f"a {config.family} cross-encoder ({config.score_activation} score of a pair)"
+        if config.score_activation
         else f"a {config.family} sentence encoder, {config.pooling} pooling"
     )
+    inputs = "pairs" if config.score_activation else "sentences"
     log(
         f"{out}: {encoder.checkpoint.name}, {what} ({config.num_layers} layers x "
         f"{config.num_heads} heads, d_model {config.hidden_size}, d_k {config.key_dim}); "
-        f"{len(eval_texts)} eval / {len(calibration_texts)} calibration sentences, up to "
+        f"{len(eval_texts)} eval / {len(calibration_texts)} calibration {inputs}, up to "
         f"{ids.shape[1]} word pieces"
     )
     return run

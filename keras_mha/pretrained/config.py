@@ -95,10 +95,23 @@ class BertConfig:
     # *ForSequenceClassification): its class names in id order (id2label). ()
     # for a sentence encoder, and the key is not written.
     labels: tuple[str, ...] = ()
+    # A cross-encoder (a sequence classifier with one label): the activation of
+    # its one logit, sentence-transformers' CrossEncoder's ("sigmoid" unless the
+    # checkpoint declares Identity: "identity"). None otherwise, not written.
+    score_activation: str | None = None
+    # The token that ends a pair's first text ([SEP]): the model gives the
+    # tokens after it token type 1, as the tokenizer does. Set by the import
+    # for a cross-encoder with two token types (BERT's); None: every token is type 0.
+    pair_sep_id: int | None = None
 
     @property
     def num_labels(self) -> int:
         return len(self.labels)
+
+    @property
+    def output_width(self) -> int:
+        """What the model gives per input: a score, class probabilities or a vector."""
+        return 1 if self.score_activation else self.num_labels or self.hidden_size
 
     @property
     def classifier_activation(self) -> str:
@@ -140,6 +153,9 @@ class BertConfig:
             data["labels"] = list(self.labels)
         else:
             del data["labels"]  # a sentence encoder's config as it always was
+        for name in ("score_activation", "pair_sep_id"):
+            if data[name] is None:
+                del data[name]
         return data
 
     @classmethod
@@ -171,6 +187,7 @@ class BertConfig:
             )
         family = FAMILIES[kind]
         classifier = _check_architectures(data.get("architectures"), family, where)
+        scorer = classifier and _one_label(data)  # a cross-encoder's one score
         position = data.get("position_embedding_type", "absolute")
         if position != "absolute":
             raise UsageError(
@@ -199,7 +216,8 @@ class BertConfig:
             pad_token_id=data.get("pad_token_id", family.get("pad_token_id", 0)),
             family=kind,
             pooling="cls" if classifier else "mean",  # a classifier reads the first token
-            labels=_labels(data, where) if classifier else (),
+            labels=_labels(data, where) if classifier and not scorer else (),
+            score_activation=_score_activation(data, where) if scorer else None,
         )
         config.validate(where)
         return config
@@ -257,6 +275,30 @@ class BertConfig:
             raise UsageError(
                 f"a classifier needs at least 2 labels and pools its first token; got "
                 f"{len(labels)} label(s), pooling {self.pooling!r}",
+                where,
+            )
+        if self.score_activation is not None and (
+            self.score_activation not in SCORE_ACTIVATIONS.values()
+            or labels
+            or self.pooling != "cls"
+        ):
+            raise UsageError(
+                f"a cross-encoder's score_activation must be one of "
+                f"{sorted(SCORE_ACTIVATIONS.values())}, with no labels and the first token "
+                f"pooled; got {safe(repr(self.score_activation), 40)}",
+                where,
+            )
+        sep = self.pair_sep_id
+        if sep is not None and (
+            isinstance(sep, bool)
+            or not isinstance(sep, int)
+            or not 0 <= sep < self.vocab_size
+            or self.type_vocab_size < 2
+            or self.score_activation is None
+        ):
+            raise UsageError(
+                f"pair_sep_id must be a token id of a cross-encoder with two token types, "
+                f"got {safe(repr(sep), 40)}",
                 where,
             )
         heads = self.heads_per_layer
@@ -327,6 +369,38 @@ def _labels(data: dict, where: Any) -> tuple[str, ...]:
     if len(set(labels)) != len(labels):
         raise UsageError("id2label names a class twice", where)
     return labels
+
+
+# sentence-transformers' CrossEncoder: config.json's sentence_transformers.activation_fn
+# (or the older sbert_ce_default_activation_function), and ours; none declared: sigmoid.
+SCORE_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
+}
+
+
+def _one_label(data: dict) -> bool:
+    """A sequence classifier of one label (a cross-encoder): num_labels or id2label says so."""
+    id2label = data.get("id2label")
+    if isinstance(id2label, dict) and "num_labels" not in data:
+        return len(id2label) == 1
+    return data.get("num_labels") == 1
+
+
+def _score_activation(data: dict, where: Any) -> str:
+    """What sentence-transformers' CrossEncoder applies to the one logit."""
+    settings = data.get("sentence_transformers")
+    declared = settings.get("activation_fn") if isinstance(settings, dict) else None
+    declared = declared or data.get("sbert_ce_default_activation_function")
+    if declared is None:
+        return "sigmoid"  # CrossEncoder's default for one label
+    if declared not in SCORE_ACTIVATIONS:
+        raise UsageError(
+            f"activation_fn {safe(repr(declared), 60)} is not supported; expected one of "
+            f"{', '.join(SCORE_ACTIVATIONS)}",
+            where,
+        )
+    return SCORE_ACTIVATIONS[declared]
 
 
 def read_hf_config(path: pathlib.Path) -> BertConfig:

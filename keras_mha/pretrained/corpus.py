@@ -33,6 +33,18 @@ def sentences() -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+def topics() -> dict[str, str]:
+    """Each sentence's topic: the '#' heading above it in corpus.txt ("cooking", ...)."""
+    found, topic = {}, ""
+    for line in CORPUS.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            topic = line.lstrip("#").strip()
+        elif line:
+            found[line] = topic
+    return found
+
+
 def split(seed: int = 0, calibration: int = 100) -> tuple[list[str], list[str]]:
     """A deterministic (calibration, evaluation) split of `sentences()`.
 

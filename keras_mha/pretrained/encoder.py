@@ -32,8 +32,22 @@ class Encoder:
         """Token ids (N, T) int32, padded (pad_token_id) to `length` or to the longest sentence."""
         return self.tokenizer.encode(list(texts), length)[0]
 
+    def tokenize_pairs(self, pairs: list[tuple[str, str]], length: int | None = None) -> np.ndarray:
+        """A cross-encoder's input: (query, passage) pairs as token ids (N, T) int32."""
+        return self.tokenizer.encode_pairs(list(pairs), length)[0]
+
+    def score(self, pairs: list[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        """A cross-encoder's (N, 1) float32 scores of (query, passage) pairs."""
+        pairs = list(pairs)
+        out = [
+            self.embed_ids(self.tokenize_pairs(pairs[i : i + batch_size]), batch_size)
+            for i in range(0, len(pairs), batch_size)
+        ]
+        return np.concatenate(out) if out else np.zeros((0, 1), np.float32)
+
     def embed_ids(self, ids: np.ndarray, batch_size: int = 32) -> np.ndarray:
-        """(N, d) float32 unit vectors for token ids (N, T)."""
+        """The model's outputs for token ids (N, T): (N, d) float32 unit vectors (an
+        encoder), (N, C) probabilities (a classifier) or (N, 1) scores (a cross-encoder)."""
         from keras import ops
 
         ids = np.asarray(ids, np.int32)
@@ -41,7 +55,7 @@ class Encoder:
             ops.convert_to_numpy(self.model(ids[i : i + batch_size], training=False))
             for i in range(0, len(ids), batch_size)
         ]
-        return np.concatenate(out) if out else np.zeros((0, self.config.hidden_size), np.float32)
+        return np.concatenate(out) if out else np.zeros((0, self.config.output_width), np.float32)
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """(N, d) float32, L2-normalised as sentence-transformers does.

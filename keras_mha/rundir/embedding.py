@@ -9,7 +9,8 @@
                        the model's outputs under the task's name: embeddings (N, d) or
                        probs (N, C)
       calibration.npz  x (M, T') token ids (int8 calibration)
-      texts.json       the eval sentences, one per row of x
+      texts.json       the eval sentences, one per row of x (a cross-encoder:
+      pairs.json       the eval (query, passage) pairs, in groups of one query)
       tokenizer.json   the checkpoint's tokenizer (Hugging Face tokenizers)
       labels.json      a classifier's class names (config.json's id2label)
       heads/           optional: keras-mha-heads' results (coref.json: the best
@@ -36,30 +37,33 @@ import numpy as np
 from edge_demo.contract import arrays
 from edge_demo.contract.arrays import EvalData
 from edge_demo.contract.files import staging_dir, swap_into_place
-from edge_demo.contract.lists import labels_json, parse_texts, texts_json
+from edge_demo.contract.lists import labels_json, pairs_json, parse_pairs, parse_texts, texts_json
 from edge_demo.contract.subwords import Subwords
 from edge_demo.contract.tasks import Task
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.embedding import Embedding
+from edge_demo.contract.tasks.pair_scoring import PairScoring
 from edge_demo.contract.tasks.text_classification import TextClassification
 from edge_demo.errors import UsageError
 from keras_mha.rundir.writing import check_out
 
 TASK = get_task(Embedding.name)  # a sentence encoder's runs and bundles
 CLASSIFIER_TASK = get_task(TextClassification.name)  # a sequence classifier's
-FILES = (
-    "model.keras",
-    "metrics.json",
-    "eval.npz",
-    "calibration.npz",
-    "texts.json",
-    "tokenizer.json",
-)
+PAIR_TASK = get_task(PairScoring.name)  # a cross-encoder's
+FILES = ("model.keras", "metrics.json", "eval.npz", "calibration.npz", "tokenizer.json")
 
 
 def task_for(config) -> Task:
-    """The task of a run of `config` (a `BertConfig`): a classifier's or an encoder's."""
+    """The task of a run of `config` (a `BertConfig`): a cross-encoder's, a classifier's
+    or an encoder's."""
+    if config.score_activation:
+        return PAIR_TASK
     return CLASSIFIER_TASK if config.labels else TASK
+
+
+def _texts_file(config) -> str:
+    """The eval inputs' file: pairs.json (a cross-encoder's) or texts.json."""
+    return "pairs.json" if config.score_activation else "texts.json"
 
 
 @dataclasses.dataclass
@@ -70,7 +74,7 @@ class EmbeddingRun:
     max_length: int
     eval: EvalData  # x, y (float nearest neighbours), probs = the float vectors
     calibration: np.ndarray
-    texts: tuple[str, ...]
+    texts: tuple  # the eval sentences; a cross-encoder's (query, passage) pairs
     tokenizer: Subwords
 
     vocab = None  # word pieces come from tokenizer.json
@@ -96,9 +100,12 @@ class EmbeddingRun:
         """The files a bundle of this run holds besides the models and eval.npz:
         Manifest field -> (file name, bytes)."""
         files = {
-            "texts": ("texts.json", texts_json(self.texts)),
             "tokenizer": ("tokenizer.json", (self.path / "tokenizer.json").read_bytes()),
         }
+        if self.config.score_activation:
+            files["pairs"] = ("pairs.json", pairs_json(self.texts))
+        else:
+            files["texts"] = ("texts.json", texts_json(self.texts))
         if self.config.labels:
             files["labels"] = ("labels.json", labels_json(self.config.labels))
         return files
@@ -141,8 +148,8 @@ class EmbeddingRun:
 
 
 def _width(config) -> int:
-    """The model's output width: d (unit vectors) or the classes."""
-    return config.num_labels or config.hidden_size
+    """The model's output width: d (unit vectors), the classes or 1 (a score)."""
+    return config.output_width
 
 
 def _config(run: pathlib.Path, metrics: object):
@@ -156,7 +163,7 @@ def _config(run: pathlib.Path, metrics: object):
     if metrics.get("task") != task_for(config).name:
         raise UsageError(
             f"expected task {task_for(config).name!r} (its config "
-            f"{'has labels' if config.labels else 'is a sentence encoder'})",
+            f"{'has labels' if config.labels else 'scores pairs' if config.score_activation else 'is a sentence encoder'})",
             where,
         )
     return config
@@ -184,9 +191,13 @@ def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tok
             raise UsageError(f"x must be token ids (N, T <= {max_length})", where)
         if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
             raise UsageError(f"x has ids outside 0..{config.vocab_size - 1}", where)
-    texts = parse_texts(
-        texts_json(texts) if isinstance(texts, (list, tuple)) else texts, len(x), run / "texts.json"
-    )
+    name = _texts_file(config)
+    if config.score_activation:
+        data = pairs_json(texts) if isinstance(texts, (list, tuple)) else texts
+        texts = parse_pairs(data, len(x), run / name)
+    else:
+        data = texts_json(texts) if isinstance(texts, (list, tuple)) else texts
+        texts = parse_texts(data, len(x), run / name)
     tokenizer = Subwords.from_bytes(
         tokenizer_bytes, max_length, run / "tokenizer.json", config.pad_token_id
     )
@@ -206,11 +217,18 @@ def read_embedding_run(path: str | os.PathLike) -> EmbeddingRun:
             raise UsageError("missing; expected a run from keras-mha-import", run / name)
     try:
         metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
-        texts = (run / "texts.json").read_bytes()
         tokenizer = (run / "tokenizer.json").read_bytes()
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read it ({error})", run) from None
-    output = task_for(_config(run, metrics)).output
+    config = _config(run, metrics)
+    name = _texts_file(config)
+    if not (run / name).is_file():
+        raise UsageError("missing; expected a run from keras-mha-import", run / name)
+    try:
+        texts = (run / name).read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read it ({error})", run / name) from None
+    output = task_for(config).output
     ev = arrays.read_npz(run / "eval.npz", ("x", output))
     calibration = arrays.read_npz(run / "calibration.npz", ("x",))["x"]
     return _check(run, metrics, ev["x"], ev[output], calibration, texts, tokenizer)
@@ -223,7 +241,7 @@ def write_embedding_run(
     x: np.ndarray,
     vectors: np.ndarray,
     calibration: np.ndarray,
-    texts: list[str],
+    texts: list,
     tokenizer_bytes: bytes,
     overwrite: bool = False,
     extra: dict[str, bytes] | None = None,
@@ -244,7 +262,10 @@ def write_embedding_run(
             staging / "eval.npz", x=x.astype(np.int32), **{task.output: vectors.astype(np.float32)}
         )
         np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
-        (staging / "texts.json").write_bytes(texts_json(texts))
+        if run.config.score_activation:
+            (staging / "pairs.json").write_bytes(pairs_json(run.texts))
+        else:
+            (staging / "texts.json").write_bytes(texts_json(run.texts))
         (staging / "tokenizer.json").write_bytes(tokenizer_bytes)
         if run.config.labels:
             (staging / "labels.json").write_bytes(labels_json(run.config.labels))

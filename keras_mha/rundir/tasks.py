@@ -22,6 +22,7 @@ READERS = {
     "classification": "keras_mha.rundir.reading:read_run",
     "embedding": "keras_mha.rundir.embedding:read_embedding_run",
     "text-classification": "keras_mha.rundir.embedding:read_embedding_run",
+    "pair-scoring": "keras_mha.rundir.embedding:read_embedding_run",
 }
 assert set(READERS) == set(TASKS), "every task of the contract has a run reader"
 

@@ -5,6 +5,8 @@
     embedding.py       unit sentence vectors; cosine and nearest neighbours
     text_classification.py  a checkpoint's classifier: class probabilities from
                        sentences, no labelled eval data; agreement with the float model
+    pair_scoring.py    a cross-encoder (reranker): one score per (query, passage);
+                       ranking agreement with the float model
     text.py            what the sentence tasks share: texts.json, tokenizer.json
 
 `get(name)` is the one place a task's name is looked up: manifest.json's
@@ -17,10 +19,11 @@ from __future__ import annotations
 from .base import Column, Task
 from .classification import Classification
 from .embedding import Embedding
+from .pair_scoring import PairScoring
 from .text_classification import TextClassification
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in (Classification(), Embedding(), TextClassification())
+    task.name: task for task in (Classification(), Embedding(), TextClassification(), PairScoring())
 }
 DEFAULT: Task = next(iter(TASKS.values()))  # what a manifest or run without `task` holds
 

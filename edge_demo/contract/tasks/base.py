@@ -54,9 +54,11 @@ class Task:
     labelled: ClassVar[bool]  # eval.npz has labels y (the float model's accuracy)
     classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
+    pairs: ClassVar[bool] = False  # an input is a (query, passage) pair (pairs.json)
     dynamic_length: ClassVar[bool] = False  # each input runs at its own length (no TFLM file)
     attention_samples: ClassVar[int]  # eval samples attention.npz holds
     max_samples: ClassVar[int | None] = None  # eval samples at most, if the task bounds them
+    min_outputs: ClassVar[int] = 2  # eval.num_classes at least: classes, dimensions (a score: 1)
     columns: ClassVar[tuple[Column, ...]] = ()  # the device table's figures of this task
     drops: ClassVar[tuple[str, ...]] = ()  # the classifier's columns it has no figure for
     summary: ClassVar[tuple[Column, ...]]  # its figures in export's summary table

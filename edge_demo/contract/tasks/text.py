@@ -1,8 +1,9 @@
 """What every task whose inputs are sentences shares: texts.json and tokenizer.json.
 
 A model that reads text through a checkpoint's tokenizer (an imported encoder,
-a text classifier, a cross-encoder) runs each sentence at its own length, and
-its bundle holds the eval sentences (texts.json, one per row of eval.npz's x)
+a text classifier, a cross-encoder) runs each input at its own length, and
+its bundle holds the eval inputs (texts.json, one sentence per row of eval.npz's
+x; a cross-encoder's pairs.json instead, tasks/pair_scoring.py)
 and the checkpoint's tokenizer.json (Hugging Face `tokenizers`) with the
 longest input (`tokenizer.max_length`) and the id that pads x and that the
 model masks (`tokenizer.pad_id`, written only when not 0). The tasks call
@@ -26,8 +27,8 @@ MAX_TOKENIZER_LENGTH = 4096
 TEXT_ATTENTION_SAMPLES = 8
 
 
-def read_text_files(fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
-    """The manifest's `texts` and `tokenizer` entries, as `Manifest` fields."""
+def read_tokenizer(fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
+    """The manifest's `tokenizer` entry, as `Manifest` fields."""
     entry = fields.obj(data, "tokenizer")
     max_length = fields.integer(
         entry, "max_length", "tokenizer.", minimum=2, maximum=MAX_TOKENIZER_LENGTH
@@ -40,17 +41,23 @@ def read_text_files(fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
             "eval.x_shape", f"must be [samples, T] with T <= tokenizer.max_length {max_length}"
         )
     return {
-        "texts": FileRef.from_json(fields, data, "texts"),
         "tokenizer": FileRef.from_json(fields, data, "tokenizer"),
         "max_length": max_length,
         "pad_id": pad_id,
     }
 
 
-def text_files_json(manifest) -> dict:
-    """The manifest's `texts` and `tokenizer` entries of a `Manifest`."""
+def read_text_files(fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
+    """The manifest's `texts` and `tokenizer` entries, as `Manifest` fields."""
     return {
-        "texts": manifest.texts.to_json(),
+        "texts": FileRef.from_json(fields, data, "texts"),
+        **read_tokenizer(fields, data, evaluation),
+    }
+
+
+def tokenizer_json(manifest) -> dict:
+    """The manifest's `tokenizer` entry of a `Manifest`."""
+    return {
         "tokenizer": {
             **manifest.tokenizer.to_json(),
             "max_length": manifest.max_length,
@@ -59,14 +66,13 @@ def text_files_json(manifest) -> dict:
     }
 
 
-def load_text_files(root: pathlib.Path, manifest, x) -> dict:
-    """texts.json and tokenizer.json of an opened bundle, checked against eval.npz's `x`."""
-    ref = manifest.texts
-    texts = parse_texts(
-        read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
-        manifest.eval.samples,
-        root / ref.file,
-    )
+def text_files_json(manifest) -> dict:
+    """The manifest's `texts` and `tokenizer` entries of a `Manifest`."""
+    return {"texts": manifest.texts.to_json(), **tokenizer_json(manifest)}
+
+
+def load_tokenizer(root: pathlib.Path, manifest, x) -> dict:
+    """tokenizer.json of an opened bundle, checked against eval.npz's `x`."""
     ref = manifest.tokenizer
     where = root / ref.file
     data = read_inside(root, ref.file, ref.sha256, max_bytes=MAX_TOKENIZER_BYTES)
@@ -77,4 +83,15 @@ def load_text_files(root: pathlib.Path, manifest, x) -> dict:
             f"eval.npz uses token id {top} but the tokenizer has {tokenizer.vocab_size} tokens",
             where,
         )
-    return {"texts": texts, "tokenizer": tokenizer}
+    return {"tokenizer": tokenizer}
+
+
+def load_text_files(root: pathlib.Path, manifest, x) -> dict:
+    """texts.json and tokenizer.json of an opened bundle, checked against eval.npz's `x`."""
+    ref = manifest.texts
+    texts = parse_texts(
+        read_inside(root, ref.file, ref.sha256, max_bytes=MAX_LABELS_BYTES),
+        manifest.eval.samples,
+        root / ref.file,
+    )
+    return {"texts": texts, **load_tokenizer(root, manifest, x)}
