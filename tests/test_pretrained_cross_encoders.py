@@ -141,14 +141,14 @@ def test_import_export_and_the_device_rerank(reranker, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("float32"))
     assert abs(float(row.split()[1]) - expected) <= 1e-5, (row, expected)
-    assert (
-        "[SEP]" in (tmp_path / "view.html").read_text(encoding="utf-8")
-        or reranker["family"] != "bert"
-    )
+    # the page's tokens (JSON with < and > escaped) hold the family's separator
+    separator = "\\u003c/s\\u003e" if reranker["family"] == "roberta" else "[SEP]"
+    assert separator in (tmp_path / "view.html").read_text(encoding="utf-8")
     # --rerank: the file's lines best first, in the order of the float Keras scores
     passages = [p for _, p in reranker["pairs"][:3]] + [p for _, p in reranker["pairs"][6:]]
     lines = tmp_path / "passages.txt"
-    lines.write_text("\n".join(passages) + "\n", encoding="utf-8")
+    # a blank line after the second: the printed line numbers are the file's
+    lines.write_text("\n".join(passages[:2]) + "\n\n" + "\n".join(passages[2:]) + "\n")
     done = _edge(tmp_path / "bundle", "--quant", "float32", "--rerank", query, lines)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [r for r in done.stdout.splitlines() if re.match(r"\s*\d+\s+\d\.\d{4}\s+\d+\s", r)]
@@ -156,7 +156,7 @@ def test_import_export_and_the_device_rerank(reranker, tmp_path):
     keras_scores = load(reranker["dir"], max_length=MAX_LENGTH).score(
         [(query, p) for p in passages]
     )[:, 0]
-    shown = [int(r.split()[2]) - 1 for r in rows]
+    shown = [int(r.split()[2]) - (1 if int(r.split()[2]) <= 2 else 2) for r in rows]
     assert shown == list(np.argsort(-keras_scores, kind="stable")), (shown, keras_scores)
     printed = np.array([float(r.split()[1]) for r in rows])
     assert np.abs(printed - keras_scores[shown]).max() <= 1e-4 + TOLERANCE
@@ -166,6 +166,8 @@ def test_import_export_and_the_device_rerank(reranker, tmp_path):
     ref_row = next(r for r in done.stdout.splitlines() if r.startswith("keras"))
     f32_row = next(r for r in done.stdout.splitlines() if r.startswith("float32"))
     assert abs(float(ref_row.split()[-1]) - float(f32_row.split()[-1])) <= 1e-5
+    done = _edge(tmp_path / "bundle", "--pair", " ", passage)  # an empty query: one line
+    assert done.returncode == 2 and "--pair: the query is empty" in done.stderr, done.stderr
     # a cross-encoder scores pairs: --text is refused in one line
     done = _edge(tmp_path / "bundle", "--text", "a sentence")
     assert done.returncode == 2 and "--pair" in done.stderr and len(done.stderr.splitlines()) == 1
@@ -204,7 +206,12 @@ def test_the_declared_activation_is_honoured_or_refused(reranker, tmp_path):
 def test_head_tools_take_the_cross_encoder(reranker, tmp_path):
     if reranker["family"] != "bert":
         pytest.skip("one family is enough: the head tools do not depend on the family")
-    from keras_mha.heads.encoder import jacobian_importance, prune_encoder, select_heads
+    from keras_mha.heads.encoder import (
+        jacobian_importance,
+        prune_encoder,
+        removal_masks,
+        select_heads,
+    )
     from keras_mha.pretrained.cli import import_run
     from keras_mha.pretrained.encoding import embed
 
@@ -214,7 +221,37 @@ def test_head_tools_take_the_cross_encoder(reranker, tmp_path):
     scores = jacobian_importance(model, run.calibration[:40])
     assert [len(s) for s in scores] == [SHAPE["heads"]] * SHAPE["layers"]
     assert all(np.isfinite(s).all() and (s > 0).all() for s in scores)
-    pruned, _ = prune_encoder(model, select_heads(scores, 0.25), run.config)
+    removed = select_heads(scores, 0.25)
+    pruned, _ = prune_encoder(model, removed, run.config)
     out = embed(pruned, run.eval.x[:40])
-    assert out.shape == (40, 1) and np.isfinite(out).all()
-    assert np.abs(out - run.eval.probs[:40]).max() > 100 * TOLERANCE  # the heads did matter
+    # removing the heads is masking them: the same scores (the checkpoint's head kept)
+    np.testing.assert_allclose(
+        out, embed(model, run.eval.x[:40], removal_masks(model, removed)), atol=TOLERANCE
+    )
+    assert out.shape == (40, 1) and np.abs(out - run.eval.probs[:40]).max() > 100 * TOLERANCE
+    for name in ("pre_classifier", "classifier"):
+        np.testing.assert_array_equal(
+            pruned.get_layer(name).get_weights()[0], model.get_layer(name).get_weights()[0]
+        )
+
+
+def test_ranking_parity_counts_ties_and_judges_each_query():
+    """measure_ranking: a passage tied with the first is a hit (int8 scores come in steps);
+    the float model's best falling to sixth of 20 is a top-5 miss; scores on their scale."""
+    from edge_demo.contract.parity import PASSAGES, measure_ranking, ranking_thresholds
+
+    rng = np.random.default_rng(0)
+    reference = rng.uniform(0, 0.5, (3 * PASSAGES, 1)).astype(np.float32)
+    reference[[0, PASSAGES, 2 * PASSAGES]] = 0.9  # each query's best passage: row 0 of it
+    scores = reference.copy()
+    scores[1] = 0.9  # query 0: another passage ties with the best
+    scores[PASSAGES + 1 : PASSAGES + 6] = 0.95  # query 1: five passages above the best
+    scores[2 * PASSAGES + 3] = 0.95  # query 2: one above it
+    parity = measure_ranking(scores, reference)
+    assert parity.top1 == pytest.approx(1 / 3) and parity.top5 == pytest.approx(2 / 3)
+    assert parity.max_abs_diff == pytest.approx(0.95 - float(reference[PASSAGES + 1, 0]))
+    logits = reference * 20  # a reranker declaring Identity: |Δ| on the largest score's scale
+    assert measure_ranking(logits + 0.18, logits).max_abs_diff == pytest.approx(0.01, rel=1e-5)
+    # 30 queries: the float model's best may leave the top five of at most 2
+    assert ranking_thresholds("int8", 30 * PASSAGES).min_top5 == pytest.approx(28 / 30)
+    assert ranking_thresholds("float32", 600).max_abs_diff == 1e-5

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..contract.arrays import own_lengths
 from ..contract.bundle import Bundle
 from ..errors import UsageError, shown
 from ..runtimes.model import InferenceError
 from ..runtimes.runtime import Runtime
 from ..tables import format_table
 from .options import DemoOptions
-from .search import embed, read_lines
+from .search import embed, numbered_lines
 
 
 def _runnable(plan: dict) -> list[str]:
@@ -26,6 +27,10 @@ def _runnable(plan: dict) -> list[str]:
 
 
 def _encode(bundle: Bundle, pairs: list[tuple[str, str]], flag: str) -> np.ndarray:
+    for query, passage in pairs:
+        for what, text in (("query", query), ("passage", passage)):
+            if not text.strip():
+                raise UsageError(f"the {what} is empty; expected text", flag)
     try:
         ids, _ = bundle.tokenizer.encode_pairs(pairs)
     except UsageError as exc:
@@ -39,13 +44,14 @@ def run_pair(
     """`--pair Q P` or `--sample N`: each runnable mode's score (and the float model's for
     an eval pair). Returns (exit code, the pair's token ids)."""
     if options.pair is not None:
-        flag, (query, passage) = "--pair", options.pair
-        what = "pair"
-    else:
-        flag, (query, passage) = "--sample", bundle.pairs[options.sample]
+        (query, passage), what = options.pair, "pair"
+        ids = _encode(bundle, [(query, passage)], "--pair")
+    else:  # the eval input itself, the one the float reference scored
+        (query, passage) = bundle.pairs[options.sample]
         what = f"eval pair {options.sample} of {bundle.manifest.eval.samples}"
-    ids = _encode(bundle, [(query, passage)], flag)
-    length = int(bundle.tokenizer.lengths(ids)[0])
+        ids = bundle.eval.x[options.sample][None]
+    length = int(own_lengths(ids, bundle.pad_id)[0])
+    ids = ids[:, :length]
     pieces = bundle.tokenizer.tokenizer.id_to_token
     print(f'\n{what}:\n  query:   "{shown(query, 300)}"\n  passage: "{shown(passage, 500)}"')
     words = " ".join(shown(pieces(int(i)) or "?", 40) for i in ids[0][:length])
@@ -67,14 +73,19 @@ def run_pair(
     print(format_table(["mode", "score"], rows, right={1}))
     for note in errors:
         print(note)
-    return (1 if errors else 0), ids[0][:length]
+    return (1 if errors else 0), ids[0]
 
 
 def run_rerank(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
     """`--rerank QUERY FILE.txt`: the file's lines, best first, with their scores."""
     query, path = options.rerank
-    lines = read_lines(path)
+    numbered = numbered_lines(path)
+    lines = [text for _, text in numbered]
     ids = _encode(bundle, [(query, line) for line in lines], f"--rerank {path}")
+    if not _runnable(plan):  # every selected mode failed its probe
+        for mode, result in plan.items():
+            print(f"{mode}: {result.status}: {result.reason or '; '.join(result.failures)}")
+        return 1
     mode = _runnable(plan)[0]
     try:
         scores = embed(bundle, runtime, mode, ids, options.threads)[:, 0]
@@ -84,7 +95,7 @@ def run_rerank(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
     order = np.argsort(-scores, kind="stable")  # ties keep the file's order
     print(f'\nquery: "{shown(query, 300)}"')
     print(f"{mode}: {len(lines)} lines of {shown(path)}, best first")
-    rows = [[str(r + 1), f"{scores[i]:.4f}", str(i + 1), shown(lines[i], 90)]
+    rows = [[str(r + 1), f"{scores[i]:.4f}", str(numbered[i][0]), shown(lines[i], 90)]
             for r, i in enumerate(order)]  # fmt: skip
     print(format_table(["rank", "score", "line", "text"], rows, right={0, 1, 2}))
     return 0

@@ -95,6 +95,11 @@ def run_search(
 
 def read_lines(path: pathlib.Path) -> list[str]:
     """The sentences of a UTF-8 text file, one per non-blank line."""
+    return [text for _, text in numbered_lines(path)]
+
+
+def numbered_lines(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line number in the file, text) of each non-blank line of a UTF-8 text file."""
     try:
         raw = path.read_bytes()
     except OSError as error:
@@ -103,7 +108,7 @@ def read_lines(path: pathlib.Path) -> list[str]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError("is not UTF-8 text", path) from None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise UsageError("has no sentences (one per line)", path)
     if len(lines) > MAX_LINES:
@@ -115,6 +120,10 @@ def run_embed(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict
     """`--embed FILE.txt --out FILE.npy`: (N, d) float32, written atomically."""
     lines = read_lines(options.embed)
     ids = _tokenize(bundle, lines, f"--embed {options.embed}")
+    if not _runnable(plan):  # every selected mode failed its probe
+        for mode, result in plan.items():
+            print(f"{mode}: {result.status}: {result.reason or '; '.join(result.failures)}")
+        return 1
     mode = _runnable(plan)[0]
     try:
         vectors = embed(bundle, runtime, mode, ids, options.threads)

@@ -141,12 +141,6 @@ class Subwords:
             ids[row, : len(encoding.ids)] = encoding.ids
         return ids, lengths
 
-    def lengths(self, ids: np.ndarray) -> np.ndarray:
-        """Each row's tokens before its padding (padding is only at the end)."""
-        ids = np.asarray(ids)
-        real = ids != self.pad_id
-        return np.where(real.any(1), ids.shape[1] - np.argmax(real[:, ::-1], axis=1), 0)
-
     def pieces(self, text: str) -> tuple[list[str], list[tuple[int, int]]]:
         """The word pieces of one sentence and each one's (start, end) in `text`."""
         encoding = self.tokenizer.encode(text)

@@ -356,6 +356,7 @@ def _encoder_view(run, sample: int | None, text: str | None):
     """An embedding run's page: word pieces as typed, the float encoder's attention."""
     from keras import ops
 
+    from edge_demo.contract.arrays import own_lengths
     from edge_demo.view.page import ViewData, initial_query
     from keras_mha.pretrained.bert import encoder_forward
 
@@ -365,7 +366,7 @@ def _encoder_view(run, sample: int | None, text: str | None):
         if not 0 <= sample < n:
             raise UsageError(f"--sample must be in [0, {n}); got {sample}")
         sentence, ids = run.texts[sample], run.eval.x[sample]
-        ids = ids[: max(1, int(run.tokenizer.lengths(ids[None])[0]))]  # without the padding
+        ids = ids[: int(own_lengths(ids[None], run.pad_id)[0])]  # without the padding
         title = f"{run.dataset} sentence {sample}"
         if isinstance(sentence, tuple):  # a cross-encoder's (query, passage)
             title = f"{run.dataset} pair {sample}"

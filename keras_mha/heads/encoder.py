@@ -307,7 +307,8 @@ def prune_encoder(model, removed, config) -> tuple[object, list[list[int]]]:
         raise UsageError("pruning needs the same d_k = d_v in every layer")
     new = build_pruned_encoder(config, [len(k) for k in keep], d_k)
     new.get_layer("embedding").set_weights(model.get_layer("embedding").get_weights())
-    for name in ("pre_classifier", "classifier") if config.labels else ():  # the head as it was
+    head = config.labels or config.score_activation  # a classifier's or a cross-encoder's
+    for name in ("pre_classifier", "classifier") if head else ():  # the head as it was
         new.get_layer(name).set_weights(model.get_layer(name).get_weights())
     for i, (block, target) in enumerate(zip(blocks, encoder_blocks(new))):
         target.attention.set_weights(block.attention.pruned(keep[i]).get_weights())
@@ -431,10 +432,23 @@ def reconstruct_encoder(
 
 
 # ---------------------------------------------------------------------- table
-def fidelity(vectors: np.ndarray, reference: np.ndarray, classes: bool = False) -> dict:
+def fidelity(
+    vectors: np.ndarray, reference: np.ndarray, classes: bool = False, ranking: bool = False
+) -> dict:
     """Mean / min cosine and top-1 / top-5 neighbour agreement (`measure_embeddings`);
-    `classes`: a classifier's probabilities, top-1 agreement and max / mean |Δp|."""
-    from edge_demo.contract.parity import measure, measure_embeddings
+    `classes`: a classifier's probabilities, top-1 agreement and max / mean |Δp|;
+    `ranking`: a cross-encoder's scores, top-1 / top-5 of each query's passages and
+    max / mean |Δ| (`measure_ranking`)."""
+    from edge_demo.contract.parity import measure, measure_embeddings, measure_ranking
+
+    if ranking:
+        p = measure_ranking(vectors, reference)
+        return {
+            "top1": p.top1,
+            "top5": p.top5,
+            "max_abs_diff": p.max_abs_diff,
+            "mean_abs_diff": p.mean_abs_diff,
+        }
 
     if classes:
         p = measure(vectors, None, reference)

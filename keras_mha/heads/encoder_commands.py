@@ -155,7 +155,10 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
     scores = jacobian_importance(model, run.calibration)
     removed = select_heads(scores, args.fraction)
     classes = run.task.classes  # a classifier: agreement and |Δp|, not cosines
-    masked = fidelity(embed(model, run.eval.x, removal_masks(model, removed)), reference, classes)
+    ranking = run.task.pairs  # a cross-encoder: its queries' rankings and |Δscore|
+    masked = fidelity(
+        embed(model, run.eval.x, removal_masks(model, removed)), reference, classes, ranking
+    )
     reconstruct = getattr(args, "reconstruct", True)
     pruned, keep = prune_encoder(model, removed, run.config)
     report = None
@@ -186,7 +189,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         },
     }
     vectors = embed(pruned, run.eval.x)
-    figures = fidelity(vectors, reference, classes)
+    figures = fidelity(vectors, reference, classes, ranking)
     pruning["eval_pruned" if report is None else "eval_reconstructed"] = figures
     write_pruned_run(run, pruned, args.out, pruning, args.overwrite, vectors)
     total = sum(pruning["heads_before"])
@@ -196,6 +199,12 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         f"{pruning['params_before']} -> {pruning['params_after']}"
     )
     for name, f in (("masked", masked), ("reconstructed" if reconstruct else "pruned", figures)):
+        if ranking:
+            print(
+                f"{name:>13}: top-1 {f['top1']:.3f}, top-5 {f['top5']:.3f}, max |Δ| "
+                f"{f['max_abs_diff']:.4f} (eval queries, against the unpruned cross-encoder)"
+            )
+            continue
         if classes:
             print(
                 f"{name:>13}: agreement {f['agreement']:.4f}, max |Δp| {f['max_abs_diff']:.4f}, "

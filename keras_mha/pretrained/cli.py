@@ -79,9 +79,13 @@ def import_run(
     if encoder.config.score_activation:  # a cross-encoder: groups of (query, passage) pairs
         from keras_mha.pretrained.pairs import calibration_pairs, eval_pairs
 
-        eval_texts = eval_pairs(eval_texts, seed)
+        try:
+            eval_texts = eval_pairs(eval_texts, seed)
+            calibration = calibration_pairs(calibration_texts, seed)
+        except ValueError as error:
+            raise UsageError(str(error), "--calibration") from None
         ids = encoder.tokenize_pairs(eval_texts)
-        calibration_ids = encoder.tokenize_pairs(calibration_pairs(calibration_texts, seed))
+        calibration_ids = encoder.tokenize_pairs(calibration)
     else:
         ids = encoder.tokenize(eval_texts)
         calibration_ids = encoder.tokenize(calibration_texts)

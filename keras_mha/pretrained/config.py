@@ -381,10 +381,10 @@ SCORE_ACTIVATIONS = {
 
 def _one_label(data: dict) -> bool:
     """A sequence classifier of one label (a cross-encoder): num_labels or id2label says so."""
-    id2label = data.get("id2label")
+    id2label, count = data.get("id2label"), data.get("num_labels")
     if isinstance(id2label, dict) and "num_labels" not in data:
         return len(id2label) == 1
-    return data.get("num_labels") == 1
+    return isinstance(count, int) and not isinstance(count, bool) and count == 1
 
 
 def _score_activation(data: dict, where: Any) -> str:
@@ -394,7 +394,7 @@ def _score_activation(data: dict, where: Any) -> str:
     declared = declared or data.get("sbert_ce_default_activation_function")
     if declared is None:
         return "sigmoid"  # CrossEncoder's default for one label
-    if declared not in SCORE_ACTIVATIONS:
+    if not isinstance(declared, str) or declared not in SCORE_ACTIVATIONS:
         raise UsageError(
             f"activation_fn {safe(repr(declared), 60)} is not supported; expected one of "
             f"{', '.join(SCORE_ACTIVATIONS)}",

@@ -42,7 +42,7 @@ from edge_demo.contract.subwords import Subwords
 from edge_demo.contract.tasks import Task
 from edge_demo.contract.tasks import get as get_task
 from edge_demo.contract.tasks.embedding import Embedding
-from edge_demo.contract.tasks.pair_scoring import PairScoring
+from edge_demo.contract.tasks.pair_scoring import PairScoring, check_groups
 from edge_demo.contract.tasks.text_classification import TextClassification
 from edge_demo.errors import UsageError
 from keras_mha.rundir.writing import check_out
@@ -195,6 +195,7 @@ def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tok
     if config.score_activation:
         data = pairs_json(texts) if isinstance(texts, (list, tuple)) else texts
         texts = parse_pairs(data, len(x), run / name)
+        check_groups(texts, run / name)
     else:
         data = texts_json(texts) if isinstance(texts, (list, tuple)) else texts
         texts = parse_texts(data, len(x), run / name)

@@ -38,6 +38,20 @@ from .text import TEXT_ATTENTION_SAMPLES, load_tokenizer, read_tokenizer, tokeni
 MAX_PAIR_SAMPLES = 50_000
 
 
+def check_groups(pairs, where: str | os.PathLike) -> None:
+    """Each group of `PASSAGES` consecutive pairs shares its query (what `measure_ranking`
+    ranks); the run reader and the device both ask this."""
+    if len(pairs) % PASSAGES:
+        raise UsageError(f"has {len(pairs)} pairs; expected a multiple of {PASSAGES}", where)
+    for row, (query, _) in enumerate(pairs):
+        if query != pairs[row - row % PASSAGES][0]:
+            raise UsageError(
+                f"pair {row} has another query than its group's first (rows come in groups "
+                f"of {PASSAGES} passages of one query)",
+                where,
+            )
+
+
 class PairScoring(Task):
     name = "pair-scoring"
     output = "scores"
@@ -87,14 +101,7 @@ class PairScoring(Task):
             manifest.eval.samples,
             root / ref.file,
         )
-        queries = [pairs[i][0] for i in range(0, len(pairs), PASSAGES)]
-        for row, (query, _) in enumerate(pairs):
-            if query != queries[row // PASSAGES]:
-                raise UsageError(
-                    f"pair {row} has another query than its group's first (rows come in "
-                    f"groups of {PASSAGES} passages of one query)",
-                    root / ref.file,
-                )
+        check_groups(pairs, root / ref.file)
         return {"pairs": pairs, **load_tokenizer(root, manifest, evaluation.x)}
 
     def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
