@@ -93,7 +93,7 @@ class RawBound:
 #   bound) and int8 in 64 % of the scores by up to 14 quanta, with 4 of 30
 #   queries' best passage changed, while every machine met the manifest's
 #   thresholds against the float model (dynamic max |Δ| 0.035, int8 0.084,
-#   int8 top-1 0.767 everywhere). A random model's scores sit close together
+#   int8 top-1 0.800 to 0.833). A random model's scores sit close together
 #   and two layers of requantization carry each kernel's rounding, as six
 #   carry the encoder's. So the bound is the encoder's: two machines may
 #   differ by no more than the worse of them differs from the float model,
