@@ -19,11 +19,7 @@ from ..runtimes.model import InferenceError
 from ..runtimes.runtime import Runtime
 from ..tables import format_table
 from .options import DemoOptions
-from .search import embed, numbered_lines
-
-
-def _runnable(plan: dict) -> list[str]:
-    return [mode for mode, skipped in plan.items() if skipped is None]
+from .search import embed, first_runnable, numbered_lines
 
 
 def _encode(bundle: Bundle, pairs: list[tuple[str, str]], flag: str) -> np.ndarray:
@@ -82,11 +78,9 @@ def run_rerank(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
     numbered = numbered_lines(path)
     lines = [text for _, text in numbered]
     ids = _encode(bundle, [(query, line) for line in lines], f"--rerank {path}")
-    if not _runnable(plan):  # every selected mode failed its probe
-        for mode, result in plan.items():
-            print(f"{mode}: {result.status}: {result.reason or '; '.join(result.failures)}")
+    mode = first_runnable(plan)
+    if mode is None:
         return 1
-    mode = _runnable(plan)[0]
     try:
         scores = embed(bundle, runtime, mode, ids, options.threads)[:, 0]
     except InferenceError as exc:

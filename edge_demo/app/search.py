@@ -31,6 +31,17 @@ def _runnable(plan: dict) -> list[str]:
     return [mode for mode, skipped in plan.items() if skipped is None]
 
 
+def first_runnable(plan: dict) -> str | None:
+    """The mode a one-mode command runs (the first runnable), or None after printing why
+    every selected mode failed its probe."""
+    runnable = _runnable(plan)
+    if not runnable:
+        for mode, result in plan.items():
+            print(f"{mode}: {result.status}: {result.reason or '; '.join(result.failures)}")
+        return None
+    return runnable[0]
+
+
 def embed(
     bundle: Bundle, runtime: Runtime, mode: str, ids: np.ndarray, threads: int = 1
 ) -> np.ndarray:
@@ -120,11 +131,9 @@ def run_embed(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict
     """`--embed FILE.txt --out FILE.npy`: (N, d) float32, written atomically."""
     lines = read_lines(options.embed)
     ids = _tokenize(bundle, lines, f"--embed {options.embed}")
-    if not _runnable(plan):  # every selected mode failed its probe
-        for mode, result in plan.items():
-            print(f"{mode}: {result.status}: {result.reason or '; '.join(result.failures)}")
+    mode = first_runnable(plan)
+    if mode is None:
         return 1
-    mode = _runnable(plan)[0]
     try:
         vectors = embed(bundle, runtime, mode, ids, options.threads)
     except InferenceError as exc:
