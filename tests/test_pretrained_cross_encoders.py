@@ -100,7 +100,7 @@ def test_other_backends_give_the_same_scores(reranker, backend, tmp_path):
     assert len(diffs) == 1 + SHAPE["layers"] and max(diffs.values()) <= TOLERANCE, diffs
 
 
-def test_the_eval_pairs_are_groups_of_one_query(reranker):
+def test_the_eval_pairs_are_groups_of_one_query():
     from edge_demo.contract.parity import PASSAGES
     from keras_mha.pretrained.pairs import QUERIES, eval_pairs
 

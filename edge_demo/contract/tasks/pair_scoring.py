@@ -77,9 +77,6 @@ class PairScoring(Task):
         "accuracy", "agreement", "max|Δp|", "mean|Δp|", "attn max|Δ|", "attn tail", "attn agree"
     )  # fmt: skip
 
-    def eval_arrays(self, spec: EvalSpec) -> dict[str, int]:
-        return {**super().eval_arrays(spec), self.output: spec.samples * 8}
-
     def check_eval(
         self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
     ) -> EvalData:
