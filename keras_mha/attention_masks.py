@@ -184,6 +184,27 @@ class AttentionAxes:
             + tuple(key_shape[a] for a in self.axes)
         )
 
+    def einsum_equations(self) -> tuple[str, str]:
+        """Keras's `_dot_product_equation` (k, q -> scores) and
+        `_combine_equation` (scores, v -> heads) for the projected tensors
+        (B, <dims>, h, d), as `keras.layers.MultiHeadAttention` names them.
+        Our paths do not use them; subclasses written for Keras's layer
+        (keras-hub's) read them. Rank-3 inputs: "aecd,abcd->acbe" and
+        "acbe,aecd->abcd"."""
+        rank = self.rank + 1  # the projected rank
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        target = letters[:rank]
+        kept = set(self.batch_axes) | {rank - 2, rank - 1}  # batch dims, heads, channels
+        extra = iter(letters[rank:])
+        source = "".join(target[i] if i in kept else next(extra) for i in range(rank))
+        batch = [i for i in range(rank - 1) if i not in self.axes]  # includes the heads
+        product = "".join(
+            [target[i] for i in batch]
+            + [target[i] for i in self.axes]
+            + [source[i] for i in self.axes]
+        )
+        return f"{source},{target}->{product}", f"{product},{source}->{target}"
+
     # ----------------------------------------------------- all heads at once
     def to_heads(self, x):
         """(B, <dims>, h, d) -> (B', h, T, d)."""

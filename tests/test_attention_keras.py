@@ -496,6 +496,75 @@ def test_compute_attention_override_with_keras_signature_gets_the_scores_flag():
     assert flags == [True, False] and tuple(scores.shape) == (2, 2, 5, 5)
 
 
+# ------------------------------------------- subclasses written for Keras's layer
+@pytest.mark.parametrize(
+    "shape, axes",
+    [((2, 5, 8), None), ((2, 3, 4, 8), None), ((2, 3, 4, 8), (2,)), ((2, 3, 4, 8), (1,))],
+)
+def test_keras_private_names_mean_what_they_mean_in_keras(shape, axes):
+    """keras-hub's subclasses read Keras's privates: the same values as
+    Keras's own layer has, after build (tests/keras_hub_suite runs them)."""
+    kwargs = dict(num_heads=2, key_dim=3, value_dim=5, dropout=0.25, use_bias=False)
+    kwargs["attention_axes"] = axes
+    ref, ours = keras.layers.MultiHeadAttention(**kwargs), MultiHeadAttention(**kwargs)
+    x = randn(*shape)
+    ref(x, x)
+    ours(x, x)
+    names = ["_num_heads", "_key_dim", "_value_dim", "_dropout", "_use_bias"]
+    names += ["_dot_product_equation", "_combine_equation", "_inverse_sqrt_key_dim"]
+    for name in names:
+        assert getattr(ours, name) == getattr(ref, name), name
+    assert tuple(ours._attention_axes) == tuple(ref._attention_axes)
+    for name in ("_kernel_initializer", "_bias_initializer"):
+        assert getattr(ours, name).get_config() == getattr(ref, name).get_config()
+    common = ours._get_common_kwargs_for_sublayer()
+    assert common["kernel_initializer"] is not ours.kernel_initializer  # fresh, as Keras's
+    ours._use_bias = True  # XLNet's build sets it
+    assert ours.use_bias is True
+
+
+def test_a_subclass_that_replaces_build_computes_keras_attention():
+    """A subclass written for Keras (its own build, then `_build_attention`;
+    Keras's equations and `_masked_softmax` with a (B, T, S) mask) gives
+    Keras's numbers on our layer."""
+
+    class OwnBuild(MultiHeadAttention):
+        def build(self, query_shape, value_shape):
+            common = self._get_common_kwargs_for_sublayer()
+            heads = [self._num_heads, self._key_dim]
+            for name in ("query", "key", "value"):
+                dense = keras.layers.EinsumDense(
+                    "abc,cde->abde", output_shape=[None, *heads], name=name, **common
+                )
+                dense.build(query_shape)
+                setattr(self, f"_{name}_dense", dense)
+            self._build_attention(len(query_shape) + 1)
+            self._output_dense = keras.layers.EinsumDense(
+                "abcd,cde->abe", output_shape=[None, query_shape[-1]], name="attention_output"
+            )
+            self._output_dense.build((*query_shape[:-1], self._num_heads, self._value_dim))
+            self.built = True
+
+        def call(self, query, value, attention_mask=None):
+            q = self._query_dense(query) * self._inverse_sqrt_key_dim
+            k, v = self._key_dense(value), self._value_dense(value)
+            scores = keras.ops.einsum(self._dot_product_equation, k, q)
+            weights = self._masked_softmax(scores, attention_mask)
+            return self._output_dense(keras.ops.einsum(self._combine_equation, weights, v))
+
+    x = randn(2, 5, 8)
+    mask = np.random.default_rng(1).random((2, 5, 5)) > 0.3
+    mask[:, :, 0] = True  # every row attends somewhere (Keras's empty rows are uniform)
+    ref = keras.layers.MultiHeadAttention(num_heads=2, key_dim=4, use_bias=False)
+    ref(x, x)
+    sub = OwnBuild(num_heads=2, key_dim=4, use_bias=False)
+    sub(x, x)
+    sub.set_weights(ref.get_weights())
+    assert_close(sub(x, x, attention_mask=mask), ref(x, x, attention_mask=mask))
+    as_float = mask.astype("float32")  # Keras's Softmax reads a float mask as > 0.5
+    assert_close(sub(x, x, attention_mask=as_float), ref(x, x, attention_mask=mask))
+
+
 # ------------------------------------------- quantization, LoRA, dtype maps
 @IMPLS
 @pytest.mark.parametrize("mode", ["int8", "int4", "float8"])

@@ -255,9 +255,24 @@ def test_keras_suite_needs_the_swap_test_passed_and_enough_passes(tmp_path):
     assert run.judge("layer tests", "torch", summary.cases(with_swap)).startswith("only ")
 
 
+def test_keras_hub_suite_needs_its_swap_test(tmp_path):
+    least = run.MIN_PASSED["keras-hub suite"]["tensorflow"]
+    enough = many(least)
+    with_swap = write_junit(tmp_path / "a.xml", *enough, (run.HUB_SWAP_TEST, "passed"))
+    swap_failed = write_junit(tmp_path / "b.xml", *enough, (run.HUB_SWAP_TEST, "skipped"))
+    assert run.judge("keras-hub suite", "tensorflow", summary.cases(with_swap)) == ""
+    assert run.HUB_SWAP_TEST in run.judge(
+        "keras-hub suite", "tensorflow", summary.cases(swap_failed)
+    )
+    # every vendored file is in the suite, the swap check among them
+    assert "tests/keras_hub_suite/swap_check.py" in run.KERAS_HUB_SUITE
+    assert len(run.KERAS_HUB_SUITE) == 10
+
+
 def test_the_minimums_are_far_above_nothing():
     for suite, backends in run.MIN_PASSED.items():
-        assert set(backends) == set(run.VENVS), suite
+        expected = {"tensorflow"} if suite == "keras-hub suite" else set(run.VENVS)
+        assert set(backends) == expected, suite
         assert min(backends.values()) >= 40, suite
 
 

@@ -1,6 +1,7 @@
 """Run the layer's tests and Keras's own MultiHeadAttention tests on every backend.
 
-    python tests/keras_suite/run.py            # Keras's suite on all three, layer tests on JAX, torch
+    python tests/keras_suite/run.py            # Keras's suite on all three, layer tests on JAX, torch,
+                                               # keras-hub's on TensorFlow
     python tests/keras_suite/run.py --layer-tests-on-tensorflow   # also the TF layer tests
     python tests/keras_suite/run.py --bench    # benchmarks/bench_attention.py on each backend
 
@@ -35,17 +36,28 @@ from summary import cases, counts, outcome  # noqa: E402
 
 VENVS = {"tensorflow": ".venv", "jax": ".venv-jax", "torch": ".venv-torch"}
 KERAS_SUITE = ["tests/keras_suite/keras_suite.py"]
+# keras-hub's tests of the layers and models built on MultiHeadAttention
+# (tests/keras_hub_suite/README.md); TensorFlow only: keras-hub's test
+# helpers import it, and the JAX and PyTorch venvs have none by design.
+KERAS_HUB_SUITE = sorted(
+    str(p.relative_to(REPO))
+    for p in (REPO / "tests" / "keras_hub_suite").glob("*.py")
+    if p.name != "conftest.py"
+)
+HUB_SWAP_TEST = "test_keras_hub_builds_keras_mha"  # swap_check.py: keras-hub's classes are ours
 LAYER_TESTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_attention*.py"))
 SWAP_TEST = "test_the_class_under_test_is_keras_mha"  # keras_suite.py: the class is ours
 # Fewest passes a suite may have. Today (Keras 3.15): Keras's suite passes 49
 # on TensorFlow (its 2 flash tests skip there, as for Keras's own layer) and
 # 51 on JAX and PyTorch, SWAP_TEST included; our layer tests 214 on TF and JAX,
-# 213 on PyTorch (docs/layer.md; Intel Xeon, 2026-12). A few below, so a Keras
+# 213 on PyTorch (docs/layer.md; Intel Xeon, 2026-12); keras-hub's 60 on
+# TensorFlow (keras-hub 0.32.0, AMD EPYC, 2026-12). A few below, so a Keras
 # release that drops or renames a test or two does not fail the run; far above
 # 0, so a suite that silently collects or skips some of its tests does. Raise
 # them with the counts.
 MIN_PASSED = {
     "keras suite": {"tensorflow": 45, "jax": 47, "torch": 47},
+    "keras-hub suite": {"tensorflow": 55},
     "layer tests": {"tensorflow": 205, "jax": 205, "torch": 205},
 }
 
@@ -74,6 +86,7 @@ def _result(junit_dir: pathlib.Path, name: str, backend: str, suffix: str) -> pa
 def run_pytest(backend, python, name, files, junit_dir) -> tuple[dict[str, int] | None, str]:
     """Run one suite on one backend: (counts, problem); problem is "" when it passed."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env["KERAS_MHA_HUB_SUITE"] = "1"  # tests/keras_hub_suite/conftest.py: swap the class
     junit = _result(junit_dir, name, backend, ".xml")
     cmd = [str(python), "-m", "pytest", *files, "-q", "-p", "no:cacheprovider"]
     cmd += ["-o", "addopts=--strict-markers", f"--junitxml={junit}", "-rfE"]
@@ -99,6 +112,8 @@ def judge(name: str, backend: str, found) -> str:
     passed = {c.get("name") for c in found if outcome(c) == "passed"}
     if name == "keras suite" and SWAP_TEST not in passed:
         return f"Keras's tests may not have built our class: {SWAP_TEST} did not pass"
+    if name == "keras-hub suite" and HUB_SWAP_TEST not in passed:
+        return f"keras-hub's tests may not have built our class: {HUB_SWAP_TEST} did not pass"
     return ""
 
 
@@ -123,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for backend in args.backends:
         suites = [("keras suite", KERAS_SUITE)]
+        if backend == "tensorflow":
+            suites.append(("keras-hub suite", KERAS_HUB_SUITE))
         if backend != "tensorflow" or args.layer_tests_on_tensorflow:
             suites.append(("layer tests", LAYER_TESTS))
         python, why = _python(backend, venvs)

@@ -1,0 +1,1 @@
+"""keras-hub's tests on our layer (README.md here)."""
