@@ -6,6 +6,7 @@ device side, tests/test_import_graph.py):
     attention.py          the layer: the lesson (`_per_head_attention`), the fused path
     attention_args.py     its argument checks; attention_masks.py masks, axes, inputs;
     attention_weights.py  per-head weights, pruning, Keras's layer to and fro
+    conversion.py         `convert(model)`: a Keras or keras-hub model on our layer
     layers.py             LayerNorm, positional encoding, the encoder block, poolings
     qat.py                quantization points and ranges (quantization-aware training)
     model.py              the classifier, `forward`, `attention_model`
@@ -42,6 +43,7 @@ _LAZY = {
     "TransformerEncoderBlock": "keras_mha.layers",
     "ModelConfig": "keras_mha.model",
     "build_classifier": "keras_mha.model",
+    "convert": "keras_mha.conversion",
 }
 __all__ = [*sorted(_LAZY), "__version__"]
 

@@ -2,6 +2,8 @@
 #   .venv-jax    jax + keras + numpy + pytest + this package (`pip install -e
 #                ".[pretrained]"`: no TensorFlow, proving `import keras_mha`
 #                needs none; safetensors and tokenizers for pretrained encoders)
+#                and keras-hub (--no-deps, with regex: keras_mha.convert's
+#                tests convert its models; its own tests need TensorFlow)
 #   .venv-torch  the same with PyTorch's CPU build (torch==2.13.0 is on local
 #                disk; plain `torch` would pull a multi-GB CUDA build)
 # `make test` runs the layer tests and Keras's own MultiHeadAttention test
@@ -29,6 +31,7 @@ define backend_venv
 	 && $(1)/bin/python -m pip install -q --upgrade pip \
 	 && $(1)/bin/python -m pip install -q $(2) keras numpy pytest absl-py \
 	 && $(1)/bin/python -m pip install -q -e ".[pretrained]" \
+	 && $(1)/bin/python -m pip install -q regex && $(1)/bin/python -m pip install -q --no-deps keras-hub==0.32.0 \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \
 	      echo "make backend-venvs: $$(cat $(1)/.failed); $(BACKEND_THEN)" >&2; exit 1; }

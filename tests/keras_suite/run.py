@@ -42,7 +42,7 @@ KERAS_SUITE = ["tests/keras_suite/keras_suite.py"]
 KERAS_HUB_SUITE = sorted(
     str(p.relative_to(REPO))
     for p in (REPO / "tests" / "keras_hub_suite").glob("*.py")
-    if p.name != "conftest.py"
+    if p.name not in ("conftest.py", "__init__.py")
 )
 HUB_SWAP_TEST = "test_keras_hub_builds_keras_mha"  # swap_check.py: keras-hub's classes are ours
 LAYER_TESTS = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_attention*.py"))
