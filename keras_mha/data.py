@@ -91,6 +91,48 @@ KINDS = tuple(NOUNS)
 NUMBERS = ("singular", "plural")
 
 
+@dataclasses.dataclass(frozen=True)
+class Grammar:
+    """The words a pronoun sentence is made of (the adjectives are the cue
+    of meaning, so they are shared by every grammar)."""
+
+    nouns: dict
+    two_noun_verbs: list
+    three_noun_verbs: list
+    conjunctions: list
+    intensifiers: list
+    adjectives: dict = dataclasses.field(default_factory=lambda: ADJECTIVES)
+
+
+GRAMMAR = Grammar(NOUNS, TWO_NOUN_VERBS, THREE_NOUN_VERBS, CONJUNCTIONS, INTENSIFIERS)
+# Sentences no training split of ours has seen: other nouns of the same two
+# kinds and other frames (verbs, conjunction, intensifier), the same cues.
+# The from-scratch classifier reads every one of these words as <unk>; a
+# pretrained encoder has read them before (README, "fine-tuned vs from scratch").
+UNSEEN_GRAMMAR = Grammar(
+    nouns={
+        "software": [
+            ("compiler", "compilers"),
+            ("database", "databases"),
+            ("script", "scripts"),
+            ("app", "apps"),
+            ("library", "libraries"),
+        ],
+        "hardware": [
+            ("monitor", "monitors"),
+            ("keyboard", "keyboards"),
+            ("camera", "cameras"),
+            ("speaker", "speakers"),
+            ("battery", "batteries"),
+        ],
+    },
+    two_noun_verbs=["couldn't talk to", "froze", "overloaded", "broke", "ignored", "blocked"],
+    three_noun_verbs=["shipped", "gave", "lent", "mailed", "uploaded"],
+    conjunctions=["as"],
+    intensifiers=["really", "very"],
+)
+
+
 # --------------------------------------------------------------------- data
 @dataclasses.dataclass
 class Dataset:
@@ -223,8 +265,10 @@ class Noun:
     number: str  # "singular" or "plural"
 
 
-def _noun(rng: np.random.Generator, kind: str, number: str, exclude=()) -> Noun:
-    stems = [pair for pair in NOUNS[kind] if pair[0] not in exclude]
+def _noun(
+    rng: np.random.Generator, kind: str, number: str, exclude=(), nouns: dict = NOUNS
+) -> Noun:
+    stems = [pair for pair in nouns[kind] if pair[0] not in exclude]
     singular, plural = stems[rng.integers(len(stems))]
     return Noun(singular if number == "singular" else plural, kind, number)
 
@@ -244,7 +288,7 @@ _OTHERS = {
 
 
 def generate_sentence(
-    rng: np.random.Generator, cue: str, num_nouns: int = 2
+    rng: np.random.Generator, cue: str, num_nouns: int = 2, grammar: Grammar = GRAMMAR
 ) -> tuple[str, int, list[Noun]]:
     """One sentence decided by `cue`: (text, referent position, nouns in order)."""
     if (cue, num_nouns) not in _OTHERS:
@@ -254,32 +298,32 @@ def generate_sentence(
         )
     kind = KINDS[rng.integers(2)]
     number = NUMBERS[rng.integers(2)]
-    nouns = [_noun(rng, kind, number)]
+    g = grammar
+    nouns = [_noun(rng, kind, number, nouns=g.nouns)]
     for same_kind, same_number in _OTHERS[cue, num_nouns]:
         other_kind = kind if same_kind else _other(KINDS, kind)
-        used = {_stem(n) for n in nouns if n.kind == other_kind}
-        nouns.append(
-            _noun(rng, other_kind, number if same_number else _other(NUMBERS, number), used)
-        )
+        used = {_stem(n, g.nouns) for n in nouns if n.kind == other_kind}
+        other_number = number if same_number else _other(NUMBERS, number)
+        nouns.append(_noun(rng, other_kind, other_number, used, g.nouns))
     order = rng.permutation(len(nouns))
     nouns = [nouns[i] for i in order]
     label = int(np.flatnonzero(order == 0)[0])
     pronoun, be = PRONOUN[number]
-    adjective = ADJECTIVES[kind][rng.integers(len(ADJECTIVES[kind]))]
-    conjunction = CONJUNCTIONS[rng.integers(len(CONJUNCTIONS))]
-    intensifier = INTENSIFIERS[rng.integers(len(INTENSIFIERS))]
+    adjective = g.adjectives[kind][rng.integers(len(g.adjectives[kind]))]
+    conjunction = g.conjunctions[rng.integers(len(g.conjunctions))]
+    intensifier = g.intensifiers[rng.integers(len(g.intensifiers))]
     if len(nouns) == 2:
-        verb = TWO_NOUN_VERBS[rng.integers(len(TWO_NOUN_VERBS))]
+        verb = g.two_noun_verbs[rng.integers(len(g.two_noun_verbs))]
         head = f"the {nouns[0].word} {verb} the {nouns[1].word}"
     else:
-        verb = THREE_NOUN_VERBS[rng.integers(len(THREE_NOUN_VERBS))]
+        verb = g.three_noun_verbs[rng.integers(len(g.three_noun_verbs))]
         head = f"the {nouns[0].word} {verb} the {nouns[1].word} to the {nouns[2].word}"
     text = f"{head} {conjunction} {pronoun} {be} {intensifier} {adjective}"
     return text, label, nouns
 
 
-def _stem(noun: Noun) -> str:
-    for pairs in NOUNS.values():
+def _stem(noun: Noun, nouns: dict = NOUNS) -> str:
+    for pairs in nouns.values():
         for singular, plural in pairs:
             if noun.word in (singular, plural):
                 return singular
@@ -287,9 +331,10 @@ def _stem(noun: Noun) -> str:
 
 
 def generate_pronouns(
-    n: int = PRONOUNS_SAMPLES, seed: int = 0
+    n: int = PRONOUNS_SAMPLES, seed: int = 0, grammar: Grammar = GRAMMAR
 ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """`n` distinct sentences, an equal share per structure, in a seeded order.
+    """`n` distinct sentences, an equal share per structure, in a seeded order
+    (`grammar=UNSEEN_GRAMMAR`: of nouns and frames training never saw).
 
     Returns (texts, labels int32, cues as strings, nouns per sentence int32).
     """
@@ -298,7 +343,7 @@ def generate_pronouns(
     for i in range(n):
         cue, num_nouns = STRUCTURES[i % len(STRUCTURES)]
         while True:
-            text, label, _ = generate_sentence(rng, cue, num_nouns)
+            text, label, _ = generate_sentence(rng, cue, num_nouns, grammar)
             if text not in seen:
                 break
         seen.add(text)

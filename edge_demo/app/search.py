@@ -15,7 +15,7 @@ import pathlib
 import numpy as np
 
 from ..contract.bundle import Bundle
-from ..contract.files import write_bytes_atomic
+from ..contract.files import read_utf8, write_bytes_atomic
 from ..errors import UsageError, shown
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
@@ -111,14 +111,7 @@ def read_lines(path: pathlib.Path) -> list[str]:
 
 def numbered_lines(path: pathlib.Path) -> list[tuple[int, str]]:
     """(line number in the file, text) of each non-blank line of a UTF-8 text file."""
-    try:
-        raw = path.read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read it ({error.strerror or error})", path) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise UsageError("is not UTF-8 text", path) from None
+    _, text = read_utf8(path)
     lines = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise UsageError("has no sentences (one per line)", path)

@@ -38,6 +38,24 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+def read_utf8(path: str | os.PathLike) -> tuple[bytes, str]:
+    """A user's text file: (its bytes, its text), a leading byte-order mark
+    dropped; a UsageError naming the file (and the first byte that is not
+    UTF-8) otherwise."""
+    try:
+        raw = pathlib.Path(path).read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read it ({error.strerror or error})", path) from None
+    try:
+        return raw, raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise UsageError(
+            f"is not UTF-8 text (byte 0x{raw[error.start]:02x} at offset {error.start}); "
+            "save it as UTF-8",
+            path,
+        ) from None
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)

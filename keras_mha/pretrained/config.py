@@ -271,11 +271,10 @@ class BertConfig:
                 f"{safe(repr(labels), 80)}",
                 where,
             )
-        if labels and (len(labels) < 2 or self.pooling != "cls"):
+        if labels and len(labels) < 2:  # an imported one pools [CLS]; a fine-tuned
+            # sentence encoder (keras-mha-train --from) pools as it was trained to
             raise UsageError(
-                f"a classifier needs at least 2 labels and pools its first token; got "
-                f"{len(labels)} label(s), pooling {self.pooling!r}",
-                where,
+                f"a classifier needs at least 2 labels; got {len(labels)} label(s)", where
             )
         if self.score_activation is not None and (
             self.score_activation not in SCORE_ACTIVATIONS.values()

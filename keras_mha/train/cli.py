@@ -3,6 +3,12 @@
     keras-mha-train [--dataset digits|pronouns] [--out DIR] [--epochs N]
                     [--num-heads H] [--d-model D] [--num-layers L] [--seed S]
                     [--distribute mirrored] [--overwrite]
+    keras-mha-train --from all-MiniLM-L6-v2 --data my.csv [--out DIR]
+                    [--text-column text] [--label-column label] [--test-fraction 0.2]
+
+The second form fine-tunes a pretrained encoder on your labelled text
+(keras_mha/train/finetune.py): a text-classification run, like an imported
+classifier's.
 
 The run directory (default `runs/<dataset>`) holds model.keras, metrics.json,
 eval.npz, calibration.npz, labels.json, vocab.json (text datasets) and two
@@ -85,6 +91,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="then fine-tune EPOCHS epochs with int8's rounding in the loop (keras_mha.qat); "
         "the run gets ranges.json for its int8 export (default: 0, none)",
     )
+    tune = parser.add_argument_group("fine-tuning a pretrained encoder on your labels")
+    tune.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        metavar="CHECKPOINT",
+        help="a checkpoint keras-mha-import takes (all-MiniLM-L6-v2 or a directory)",
+    )
+    tune.add_argument(
+        "--data", type=pathlib.Path, default=None, help="your labelled text: .csv or .jsonl"
+    )
+    tune.add_argument("--text-column", default="text", help="(default: text)")
+    tune.add_argument("--label-column", default="label", help="(default: label)")
+    tune.add_argument(
+        "--test-fraction",
+        type=float,
+        default=0.2,
+        help="held out per class, never trained on (default: 0.2)",
+    )
+    tune.add_argument(
+        "--max-length", type=positive_int, default=128, help="most word pieces (default: 128)"
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing run directory"
     )
@@ -105,7 +133,61 @@ def progress_verbosity(quiet: bool, stream) -> int:
     return 1 if isatty is not None and isatty() else 2
 
 
-def _run(args: argparse.Namespace) -> int:
+# Flags of the from-scratch classifier that a fine-tuned encoder does not take.
+SCRATCH_ONLY = (
+    "num_heads", "d_model", "num_layers", "ff_dim", "dropout", "attention",
+    "patience", "augment", "distribute",
+)  # fmt: skip
+
+
+def _finetune(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from edge_demo.errors import UsageError
+    from keras_mha.train import finetune
+
+    if args.data is None:
+        raise UsageError("needs --data FILE (your labelled text)", "--from")
+    given = [name for name in SCRATCH_ONLY if getattr(args, name) not in (None, False)]
+    if given or args.qat or "--dataset" in (sys.argv[1:] if argv is None else argv):
+        flag = "--" + (given[0].replace("_", "-") if given else "qat" if args.qat else "dataset")
+        raise UsageError("is for a classifier trained from scratch, not with --from", flag)
+    out = args.out or pathlib.Path(f"runs/{args.data.stem}")
+    check_writable(out, "--out")
+    finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TensorFlow
+    from keras_mha.pretrained.checkpoint import resolve
+
+    resolve(args.source)
+    import_tensorflow()
+    metrics = finetune.finetune(
+        args.source,
+        args.data,
+        out,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        epochs=args.epochs or finetune.EPOCHS,
+        batch_size=args.batch_size or finetune.BATCH_SIZE,
+        learning_rate=args.learning_rate or finetune.LEARNING_RATE,
+        test_fraction=args.test_fraction,
+        max_length=args.max_length,
+        seed=args.seed,
+        overwrite=args.overwrite,
+        progress=None if args.quiet else sys.stderr,
+    )
+    print(
+        f"{metrics['dataset']}: held-out accuracy {metrics['test_accuracy']:.4f} "
+        f"({metrics['test_size']} rows never trained on; {metrics['train_size']} trained, "
+        f"{len(metrics['config']['labels'])} classes), {args.source} fine-tuned "
+        f"{metrics['fine_tuned']['epochs']} epochs in {metrics['train_seconds']:.1f} s -> {out}"
+    )
+    return 0
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if args.source is not None or args.data is not None:
+        if args.source is None:
+            from edge_demo.errors import UsageError
+
+            raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
+        return _finetune(args, argv)
     out = args.out or pathlib.Path(f"runs/{args.dataset}")
     check_writable(out, "--out")
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
@@ -145,4 +227,4 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `keras-mha-train`; returns the exit status."""
-    return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))
+    return run_main(PROG, lambda: _run(build_parser().parse_args(argv), argv))
