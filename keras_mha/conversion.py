@@ -84,6 +84,12 @@ def convert(model, implementation: str = "fused"):
             if _is_keras_attention(value):
                 _replace(parent, name, value, _converted(value, implementation))
                 replaced += 1
+    left = [layer for layer in copy._flatten_layers() if _is_keras_attention(layer)]
+    if left:
+        raise ValueError(
+            f"convert cannot reach '{left[0].name}' ({type(left[0]).__qualname__}): its layer "
+            "holds it in a list or dict, not an attribute; assign it to an attribute."
+        )
     if not renamed and not replaced:
         raise ValueError(
             f"convert found no keras.layers.MultiHeadAttention in '{model.name}' "

@@ -148,6 +148,21 @@ def test_what_cannot_be_converted_is_one_line_naming_the_layer():
     assert "\n" not in message and "'odd_attention' (" in message and "_softmax" in message
 
 
+def test_attention_held_in_a_list_is_refused_not_left_behind():
+    class Stack(keras.layers.Layer):
+        def build(self, shape):
+            self.heads = [keras.layers.MultiHeadAttention(num_heads=2, key_dim=2, name="in_list")]
+            self.heads[0].build(shape, shape)
+
+        def call(self, x):
+            return self.heads[0](x, x)
+
+    inputs = keras.Input((None, 4))
+    model = keras.Model(inputs, Stack()(inputs))
+    with pytest.raises(ValueError, match="cannot reach 'in_list' .*in a list or dict"):
+        keras_mha.convert(model)
+
+
 def test_bad_inputs_are_one_line():
     with pytest.raises(ValueError, match="expects a Keras model or layer"):
         keras_mha.convert("model.keras")
