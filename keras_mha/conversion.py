@@ -172,10 +172,6 @@ def _rename_attention(config, implementation: str, renamed: list):
 
 
 # ----------------------------------------------- layers created in build()
-class _Rebased:
-    """Marks a class made by `_rebase`: a subclass of Keras's layer, on ours."""
-
-
 _REBASED: dict[type, type] = {}
 
 
@@ -190,7 +186,7 @@ def _rebase(cls: type) -> type:
         _rebase(b) if isinstance(b, type) and issubclass(b, KerasMHA) else b for b in cls.__bases__
     )
     namespace = {k: v for k, v in vars(cls).items() if k not in ("__dict__", "__weakref__")}
-    new = type(MultiHeadAttention)(cls.__name__, (*bases, _Rebased), namespace)
+    new = type(MultiHeadAttention)(cls.__name__, bases, namespace)
     new.__qualname__ = cls.__qualname__
     new.__module__ = cls.__module__
     for name, value in namespace.items():  # zero-argument super(): the new class

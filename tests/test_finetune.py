@@ -82,6 +82,7 @@ def test_the_command_refuses_in_one_line_with_exit_2_before_tensorflow(tmp_path)
         (["--from", "all-MiniLM-L6-v2"], "--from: needs --data FILE"),
         (["--from", "all-MiniLM-L6-v2", "--data", good, "--num-heads", "2"], "--num-heads: is for"),
         (["--from", "all-MiniLM-L6-v2", "--data", good, "--dataset", "pronouns"], "--dataset: is for"),
+        (["--from", "all-MiniLM-L6-v2", "--data", good, "--dataset=digits"], "--dataset: is for"),
         (["--from", tmp_path / "nowhere", "--data", good], "nowhere"),
     ]  # fmt: skip
     code = "import sys; from keras_mha.train.cli import main; r = main(sys.argv[1:]); "

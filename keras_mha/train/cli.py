@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0].split(": ", 1)[1],
         epilog="Defaults per dataset -- " + describe_presets(),
     )
-    parser.add_argument("--dataset", choices=DATASETS, default="digits", help="(default: digits)")
+    parser.add_argument("--dataset", choices=DATASETS, default=None, help="(default: digits)")
     parser.add_argument(
         "--out", type=pathlib.Path, default=None, help="run directory (default: runs/<dataset>)"
     )
@@ -140,29 +140,27 @@ SCRATCH_ONLY = (
 )  # fmt: skip
 
 
-def _finetune(args: argparse.Namespace, argv: list[str] | None) -> int:
+def _finetune(args: argparse.Namespace) -> int:
     from edge_demo.errors import UsageError
     from keras_mha.train import finetune
 
     if args.data is None:
         raise UsageError("needs --data FILE (your labelled text)", "--from")
     given = [name for name in SCRATCH_ONLY if getattr(args, name) not in (None, False)]
-    if given or args.qat or "--dataset" in (sys.argv[1:] if argv is None else argv):
+    if given or args.qat or args.dataset is not None:
         flag = "--" + (given[0].replace("_", "-") if given else "qat" if args.qat else "dataset")
         raise UsageError("is for a classifier trained from scratch, not with --from", flag)
     out = args.out or pathlib.Path(f"runs/{args.data.stem}")
     check_writable(out, "--out")
-    finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TensorFlow
+    data = finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TF
     from keras_mha.pretrained.checkpoint import resolve
 
     resolve(args.source)
     import_tensorflow()
     metrics = finetune.finetune(
         args.source,
-        args.data,
+        data,
         out,
-        text_column=args.text_column,
-        label_column=args.label_column,
         epochs=args.epochs or finetune.EPOCHS,
         batch_size=args.batch_size or finetune.BATCH_SIZE,
         learning_rate=args.learning_rate or finetune.LEARNING_RATE,
@@ -181,13 +179,14 @@ def _finetune(args: argparse.Namespace, argv: list[str] | None) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+def _run(args: argparse.Namespace) -> int:
     if args.source is not None or args.data is not None:
         if args.source is None:
             from edge_demo.errors import UsageError
 
             raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
-        return _finetune(args, argv)
+        return _finetune(args)
+    args.dataset = args.dataset or "digits"
     out = args.out or pathlib.Path(f"runs/{args.dataset}")
     check_writable(out, "--out")
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
@@ -227,4 +226,4 @@ def _run(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `keras-mha-train`; returns the exit status."""
-    return run_main(PROG, lambda: _run(build_parser().parse_args(argv), argv))
+    return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))

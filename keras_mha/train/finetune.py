@@ -60,6 +60,9 @@ class Labelled:
     labels: list[str]
     classes: tuple[str, ...]
     sha256: str
+    path: pathlib.Path
+    text_column: str = TEXT_COLUMN
+    label_column: str = LABEL_COLUMN
 
     @property
     def y(self) -> np.ndarray:
@@ -98,7 +101,8 @@ def read_labelled(
             "hold out)",
             path,
         )
-    return Labelled(texts, labels, tuple(counts), hashlib.sha256(raw).hexdigest())
+    sha256 = hashlib.sha256(raw).hexdigest()
+    return Labelled(texts, labels, tuple(counts), sha256, path, text_column, label_column)
 
 
 def _cell(value, line: int, column: str, path: pathlib.Path) -> str:
@@ -242,11 +246,9 @@ def classifier_config(config, classes: tuple[str, ...]):
 
 def finetune(
     source: str,
-    data_path: str | pathlib.Path,
+    data: Labelled | str | pathlib.Path,
     out: str | pathlib.Path,
     *,
-    text_column: str = TEXT_COLUMN,
-    label_column: str = LABEL_COLUMN,
     epochs: int = EPOCHS,
     batch_size: int = BATCH_SIZE,
     learning_rate: float = LEARNING_RATE,
@@ -256,7 +258,8 @@ def finetune(
     overwrite: bool = False,
     progress=None,
 ) -> dict:
-    """Fine-tune `source` on the labelled file; write the run; its metrics.
+    """Fine-tune `source` on `data` (`read_labelled`'s rows, or a file read
+    with the default columns); write the run; its metrics.
 
     `progress`: a stream for the per-epoch progress (None: no output).
     """
@@ -270,13 +273,14 @@ def finetune(
     check_out(out, overwrite)
     if not 0.0 < test_fraction < 1.0:
         raise UsageError(f"must be between 0 and 1, got {test_fraction}", "--test-fraction")
-    data = read_labelled(data_path, text_column, label_column)
+    if not isinstance(data, Labelled):
+        data = read_labelled(data)
     encoder = load(source, max_length)
     config = classifier_config(encoder.config, data.classes)
     try:
         config.validate()
     except UsageError as error:
-        raise UsageError(error.problem, data_path) from None
+        raise UsageError(error.problem, data.path) from None
     y = data.y
     train, test = split(y, test_fraction, seed)
     ids = encoder.tokenize(data.texts)  # padded to the longest row (at most max_length)
@@ -308,7 +312,7 @@ def finetune(
     rng = np.random.default_rng(seed)
     calibration = ids[np.sort(rng.permutation(train)[:CALIBRATION])]
     metrics = {
-        "dataset": pathlib.Path(data_path).name,
+        "dataset": data.path.name,
         "data_sha256": data.sha256,
         "seed": seed,
         "config": config.to_dict(),
@@ -320,8 +324,8 @@ def finetune(
             "learning_rate": learning_rate,
             "weight_decay": WEIGHT_DECAY,
             "test_fraction": test_fraction,
-            "text_column": text_column,
-            "label_column": label_column,
+            "text_column": data.text_column,
+            "label_column": data.label_column,
             "backend": keras.backend.backend(),
         },
         "train_size": int(len(train)),
