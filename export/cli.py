@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="'all' or a comma list of float32,dynamic,float16,int8,int16x8 (default: all)",
     )
     parser.add_argument(
+        "--npu",
+        metavar="ACCELERATORS",
+        help="also compile each verified full-integer mode for Arm Ethos-U NPUs with Vela: "
+        "'all' or a comma list of ethos-u55-128,ethos-u65-256,ethos-u85-256 "
+        "(needs ethos-u-vela; figures are Vela's estimates)",
+    )
+    parser.add_argument(
         "--allow-parity-failure",
         action="store_true",
         help="exit 0 and keep models that fail verification (marked unverified)",
@@ -106,11 +113,16 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
+    if args.npu:  # before TensorFlow: an unknown accelerator or no Vela is one line
+        from .npu import parse_accelerators, require_vela
+
+        parse_accelerators(args.npu)
+        require_vela()
     from keras_mha.quiet import import_tensorflow  # keras_mha only past --help
 
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
     from .bundle import ExportFailed, export_bundle
-    from .summary import summary_table
+    from .summary import npu_table, summary_table
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -124,6 +136,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             allow_parity_failure=args.allow_parity_failure,
             dataset=args.dataset,
             import_modules=tuple(args.import_module),
+            npu=args.npu,
             log=log,
         )
     except ExportFailed as error:
@@ -134,6 +147,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = args.out if args.out is not None else pathlib.Path(args.run_dir) / "bundle"
     print()
     print(summary_table(manifest))
+    if args.npu:
+        print(f"\nArm Ethos-U, Vela {manifest_vela(manifest)} (estimates; nothing ran on an NPU):")
+        print(npu_table({out.parent.name if out.name == "bundle" else out.name: manifest}))
     verified, failed = manifest.verified, manifest.failed
     print(
         f"\nbundle: {out} ({len(verified)}/{len(manifest.requested)} modes verified"
@@ -147,6 +163,12 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{PROG}: not verified, left out of the bundle: {detail}", file=sys.stderr)
         return 1
     return 0
+
+
+def manifest_vela(manifest) -> str:
+    """The Vela version the manifest's NPU reports name."""
+    found = {e.npu.vela for e in manifest.models.values() if e.npu is not None}
+    return ", ".join(sorted(found)) or "-"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from .attention import AttentionCheck, output_name
 from .deploy import DeployFile, micro_json
 from .fields import Fields, kind
 from .files import MAX_FILE_BYTES
+from .npu import NpuReport
 from .parity import Parity, Thresholds
 from .tensors import TensorSpec
 
@@ -116,6 +117,7 @@ class ModelEntry:
     attention: AttentionCheck | None = None  # which signature, thresholds, figures
     deploy: DeployFile | None = None  # the stripped classifier TFLM runs (deploy.py)
     micro: dict = dataclasses.field(default_factory=dict)  # TFLM arena/flash bytes, or reason
+    npu: NpuReport | None = None  # Vela's compile for Ethos-U (npu.py), for people
     # Written by the exporter for people; the device does not rely on them.
     checks: dict[str, bool] = dataclasses.field(default_factory=dict)
     failures: tuple[str, ...] = ()
@@ -157,6 +159,8 @@ class ModelEntry:
             data["deploy"] = self.deploy.to_json()
         if self.micro:
             data["micro"] = dict(self.micro)
+        if self.npu is not None:
+            data["npu"] = self.npu.to_json()
         for name in ("verified_with", "convert_seconds", "size_vs_float32", "note"):
             if getattr(self, name) is not None:
                 data[name] = getattr(self, name)
@@ -241,6 +245,7 @@ class ModelEntry:
             if entry.get("deploy") is None
             else DeployFile.from_json(fields, entry, "deploy", prefix),
             micro=micro_json(entry.get("micro")),
+            npu=NpuReport.from_json(entry.get("npu")),
             dynamic_length=dynamic_length,
             **_report_fields(entry),
         )
