@@ -79,6 +79,9 @@ def _remove_tensors(model, number: int, unused: set[int]) -> None:
 def drop_index_wrap(model) -> int:
     """Remove the negative-index wrap in front of each embedding GATHER (in place).
 
+    One wrap may feed several GATHERs (the token embedding and its 0/1 mask,
+    `keras_mha.layers.TokenEmbedding`, look up the same ids): all are rewired.
+
     Keras's `ops.take` on TensorFlow turns every index i into
     `where(i < 0, i + V, i)` (numpy's wrap-around), which converts to LESS,
     ADD and SELECT in front of the GATHER. TFLite Micro has no SELECT kernel,
@@ -93,9 +96,12 @@ def drop_index_wrap(model) -> int:
         ops = graph.operators or []
         producer = {t: i for i, op in enumerate(ops) for t in op.outputs}
         readers: dict[int, int] = {}
+        gathered: dict[int, int] = {}  # tensor -> GATHERs reading it as their indices
         for op in ops:
             for t in op.inputs:
                 readers[t] = readers.get(t, 0) + 1
+            if _builtin(model, op) == op_.GATHER and len(op.inputs) == 2:
+                gathered[op.inputs[1]] = gathered.get(op.inputs[1], 0) + 1
         drop: set[int] = set()
         for op in ops:
             if _builtin(model, op) != op_.GATHER or len(op.inputs) != 2:
@@ -116,11 +122,13 @@ def drop_index_wrap(model) -> int:
                 continue
             if _int_constant(model, graph, ops[add].inputs[1]) is None:
                 continue
-            if any(readers.get(t, 0) != 1 for t in (condition, wrapped, op.inputs[1])):
+            if any(readers.get(t, 0) != 1 for t in (condition, wrapped)):
                 continue  # the wrap feeds something else too: leave it
+            if readers.get(op.inputs[1], 0) != gathered.get(op.inputs[1], 0):
+                continue  # the wrapped ids feed more than GATHERs' indices: leave it
+            removed += select not in drop  # one wrap may feed several lookups (ids and mask)
             op.inputs = [op.inputs[0], index]
             drop.update((select, less, add))
-            removed += 1
         if drop:
             graph.operators = [op for i, op in enumerate(ops) if i not in drop]
             used = {t for op in graph.operators for t in (*op.inputs, *op.outputs)}

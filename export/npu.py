@@ -152,6 +152,8 @@ def op_macs(graph: GraphInfo, op: OpInfo) -> int:
     Vela counts the MACs of what it maps to the NPU only; this counts those
     an operator left on the CPU does, so the NPU's share is of the whole.
     """
+    if op.name not in ("FULLY_CONNECTED", "BATCH_MATMUL", "CONV_2D", "DEPTHWISE_CONV_2D"):
+        return 0
     out = graph.tensor(op.outputs[0]).shape
     if op.name == "FULLY_CONNECTED":  # weights (units, inputs)
         return _prod(out) * graph.tensor(op.inputs[1]).shape[-1]
@@ -161,9 +163,8 @@ def op_macs(graph: GraphInfo, op: OpInfo) -> int:
         return _prod(out) * inner
     if op.name == "CONV_2D":  # weights (out, kh, kw, in)
         return _prod(out) * _prod(graph.tensor(op.inputs[1]).shape[1:])
-    if op.name == "DEPTHWISE_CONV_2D":  # weights (1, kh, kw, channels)
-        return _prod(out) * _prod(graph.tensor(op.inputs[1]).shape[1:3])
-    return 0
+    # DEPTHWISE_CONV_2D: weights (1, kh, kw, channels)
+    return _prod(out) * _prod(graph.tensor(op.inputs[1]).shape[1:3])
 
 
 def compile_for(model: bytes, accelerator: Accelerator, workdir: pathlib.Path) -> NpuTarget:

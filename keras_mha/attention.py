@@ -46,6 +46,7 @@ from keras_mha.attention_masks import (
     check_input_masks,
     head_mask_tensor,
     inverse_sqrt,
+    is_weight_mask,
     mask_for_head,
     plain_inputs,
     projection_equation,
@@ -490,9 +491,15 @@ class MultiHeadAttention(keras.layers.Layer):
             return ops.softmax(scores, axis=-1)
         if len(mask.shape) < len(scores.shape):  # a subclass's (B, T, S): Keras adds the heads
             mask = self._axes.expand_mask(mask)
-        if keras.backend.standardize_dtype(mask.dtype) != "bool":  # Keras's Softmax: > 0.5
-            mask = ops.greater(mask, ops.cast(0.5, mask.dtype))
         floor = ops.min(scores, axis=-1, keepdims=True) - _MASK_MARGIN
+        if is_weight_mask(mask):  # 0/1 weights: the same numbers with MUL and SUB only
+            mask = ops.cast(mask, scores.dtype)
+            # kept: scores - 0 (exactly the scores); masked: scores - (scores - floor)
+            masked = scores - (1.0 - mask) * (scores - floor)
+            masked = point(self, "masked_scores", masked, head)
+            return ops.softmax(masked, axis=-1) * mask  # a row with nothing kept: zeros
+        if keras.backend.standardize_dtype(mask.dtype) != "bool":  # an integer mask: > 0.5
+            mask = ops.greater(mask, ops.cast(0.5, mask.dtype))
         masked = point(self, "masked_scores", ops.where(mask, scores, floor), head)
         weights = ops.softmax(masked, axis=-1)
         # A query row with nothing to attend to gets zeros, as in Keras.
@@ -609,7 +616,11 @@ class MultiHeadAttention(keras.layers.Layer):
             query=query, value=value, return_attention_scores=return_attention_scores
         )
         if attention_mask is not None:
-            attention_mask = axes.expand_mask(ops.cast(attention_mask, "bool"))
+            # 0/1 float weights stay floats for the explicit softmax (is_weight_mask)
+            keep_weights = not (use_dot_product or use_causal_mask)
+            if not (keep_weights and is_weight_mask(attention_mask)):
+                attention_mask = ops.cast(attention_mask, "bool")
+            attention_mask = axes.expand_mask(attention_mask)
         if use_causal_mask:
             causal = axes.expand_mask(causal_mask(query, key))
             if attention_mask is not None or not use_dot_product:
@@ -673,20 +684,26 @@ class MultiHeadAttention(keras.layers.Layer):
         causal, sliding window and the explicit mask, ANDed."""
         parts = []
         if query_mask is not None:
-            parts.append(ops.expand_dims(ops.cast(query_mask, "bool"), -1))  # [B, T, 1]
+            parts.append(ops.expand_dims(query_mask, -1))  # [B, T, 1]
         for m in (value_mask, key_mask):
             if m is not None:
-                parts.append(ops.expand_dims(ops.cast(m, "bool"), -2))  # [B, 1, S]
+                parts.append(ops.expand_dims(m, -2))  # [B, 1, S]
         if use_causal_mask:
             parts.append(causal_mask(query, value))  # [1, T, S]
         if self._sliding_window is not None:
             parts.append(sliding_window_mask(query, value, self._sliding_window))  # [1, T, S]
+        # The inputs' masks alone, each 0/1 floats (TokenEmbedding's): multiplied,
+        # no boolean operator in the graph (attention_masks.is_weight_mask).
+        weights = attention_mask is None and bool(parts) and all(map(is_weight_mask, parts))
         if attention_mask is not None:
-            parts.append(ops.cast(attention_mask, "bool"))
+            parts.append(attention_mask)
         mask = None
         for part in parts:
-            part = self._axes.expand_mask(part)  # [B|1, h|1, T|1, S|1]
-            mask = part if mask is None else ops.logical_and(mask, part)
+            part = self._axes.expand_mask(part if weights else ops.cast(part, "bool"))
+            if mask is None:
+                mask = part  # [B|1, h|1, T|1, S|1]
+            else:
+                mask = mask * part if weights else ops.logical_and(mask, part)
         return mask
 
     # ---------------------------------------------------------------- shapes

@@ -299,6 +299,24 @@ def inverse_sqrt(d: int) -> float:
     return 1.0 / math.sqrt(float(d))
 
 
+def is_weight_mask(mask) -> bool:
+    """Whether `mask` is a 0/1 float mask (`keras_mha.layers.TokenEmbedding`'s),
+    which the layers read with arithmetic only: `x * m`, not `where(m, x, ...)`.
+
+    A boolean mask needs boolean operators (NOT_EQUAL, LOGICAL_AND, SELECT)
+    wherever it is used; an integer-only NPU such as Arm's Ethos-U55 has no
+    kernels for them, so each one splits its graph and runs on the CPU. A
+    float mask of 0 and 1 gives the same numbers through MUL and SUB, which
+    it runs. (Keras reads any nonzero as "keep"; a float mask here must hold
+    0 and 1 only, as every mask Keras's layers make does.)
+    """
+    if mask is None:
+        return False
+    import keras
+
+    return keras.backend.standardize_dtype(mask.dtype).startswith(("float", "bfloat"))
+
+
 def mask_for_head(mask, i: int):
     """Head i's `(B|1, T|1, S|1)` slice of a `(B|1, h|1, T|1, S|1)` mask
     (a mask shared by all heads has one head axis entry), or None."""

@@ -19,11 +19,16 @@ import numpy as np
 from keras import ops
 
 from keras_mha.attention import MultiHeadAttention
+from keras_mha.attention_masks import is_weight_mask
 from keras_mha.qat import HOOK, point
 
 # A block whose __dict__ holds a list under this name appends its attention
 # weights to it on every call (`keras_mha.model.attention_model`; not tracked).
 ATTENTION_SINK = "_attention_sink"
+# Masked mean pooling with a 0/1 float mask: padding's score below the kept
+# tokens' (0). Its weight is then e^-30 (1e-13) of a kept token's before it is
+# zeroed, so 1/n is exact to float32 for any length.
+_POOL_MARGIN = 30.0
 
 
 def _mean_square(x):
@@ -169,6 +174,31 @@ class PositionalEncoding(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")
+class TokenEmbedding(keras.layers.Embedding):
+    """`keras.layers.Embedding(mask_zero=True)` whose mask is 0/1 floats, not booleans.
+
+    Keras's mask is `ids != 0`. Every operator on a boolean (NOT_EQUAL, the
+    query and key masks ANDed, `where`) is one an integer-only NPU such as
+    Arm's Ethos-U55 has no kernel for: each splits its graph and runs on the
+    CPU. This mask is looked up like the embedding itself, in a table of one
+    0 (the padding id 0) and 1s, and the layers after it (MultiHeadAttention,
+    MaskedMeanPooling, MaskedMaxPooling) read a float mask with MUL and SUB
+    only (`attention_masks.is_weight_mask`). The numbers are those of the
+    boolean mask; the weights, config and `mask_zero` are Keras's.
+    """
+
+    def __init__(self, input_dim, output_dim, mask_zero=True, **kwargs):
+        super().__init__(input_dim, output_dim, mask_zero=mask_zero, **kwargs)
+
+    def compute_mask(self, inputs, mask=None):
+        if not self.mask_zero:
+            return None
+        table = np.ones((self.input_dim,), self.compute_dtype)
+        table[0] = 0.0  # the padding id
+        return ops.take(ops.convert_to_tensor(table), ops.cast(inputs, "int32"), axis=0)
+
+
+@keras.saving.register_keras_serializable(package="keras_mha")
 class MaskedMeanPooling(keras.layers.Layer):
     """Mean over the tokens the mask keeps: `(B, T, d) -> (B, d)`.
 
@@ -185,6 +215,13 @@ class MaskedMeanPooling(keras.layers.Layer):
     def call(self, x, mask=None):
         if mask is None:
             return ops.mean(x, axis=1)
+        if is_weight_mask(mask):  # 0/1 floats (TokenEmbedding): no DIV, no boolean op
+            # softmax of 0 on kept tokens and -30 on padding: 1/n on the n kept
+            # (and e^-30 of that on padding, then zeroed): the mean as attention
+            # with equal scores, which an NPU without DIV (Ethos-U55) runs.
+            keep = ops.cast(mask, x.dtype)  # (B, T)
+            weights = ops.softmax((keep - 1.0) * _POOL_MARGIN, axis=-1) * keep
+            return point(self, "mean", ops.sum(x * ops.expand_dims(weights, -1), axis=1))
         keep = ops.where(ops.expand_dims(mask, -1), 1.0, 0.0)  # (B, T, 1)
         keep = ops.cast(keep, x.dtype)
         return point(
@@ -234,7 +271,11 @@ class MaskedMaxPooling(keras.layers.Layer):
     def call(self, x, mask=None):
         if mask is not None:
             floor = ops.min(x, axis=1, keepdims=True)  # (B, 1, d): never above a kept value
-            x = ops.where(ops.expand_dims(mask, -1), x, floor)
+            if is_weight_mask(mask):  # 0/1 floats: kept x - 0, masked x - (x - floor)
+                keep = ops.expand_dims(ops.cast(mask, x.dtype), -1)
+                x = x - (1.0 - keep) * (x - floor)
+            else:
+                x = ops.where(ops.expand_dims(mask, -1), x, floor)
         return point(self, "max", ops.max(x, axis=1))
 
     def compute_mask(self, x, mask=None):

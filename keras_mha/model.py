@@ -28,6 +28,7 @@ from keras_mha.layers import (
     ATTENTION_SINK,
     MaskedMeanPooling,
     PositionalEncoding,
+    TokenEmbedding,
     TransformerEncoderBlock,
 )
 
@@ -135,9 +136,8 @@ def build_classifier(config: ModelConfig, batch_size: int | None = None) -> kera
         inputs = keras.Input(
             (config.sequence_length,), batch_size=batch_size, dtype="int32", name="inputs"
         )
-        x = keras.layers.Embedding(
-            config.feature_dim, config.d_model, mask_zero=True, name="embedding"
-        )(inputs)
+        # mask_zero with a 0/1 float mask: no boolean op for an NPU (layers.py)
+        x = TokenEmbedding(config.feature_dim, config.d_model, name="embedding")(inputs)
     x = PositionalEncoding(config.sequence_length, config.positional, name="positional_encoding")(x)
     for i, heads in enumerate(config.heads_per_layer()):
         x = TransformerEncoderBlock(

@@ -63,7 +63,9 @@ def trace(model, x: np.ndarray, batch_size: int = 256) -> dict:
         pooled = pooling(h) if mask is None else pooling(h, mask=mask)
         part["pooled"] = pooled
         part["logits"] = ops.matmul(pooled, classifier.kernel) + classifier.bias
-        part["mask"] = np.ones(h.shape[:2], bool) if mask is None else mask
+        part["mask"] = (
+            np.ones(h.shape[:2], bool) if mask is None else ops.convert_to_numpy(mask).astype(bool)
+        )
         parts.append(part)
 
     def cat(arrays):
