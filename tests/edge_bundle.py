@@ -78,7 +78,7 @@ def export_bundle(run_dir: pathlib.Path, out: pathlib.Path, quant: str = "all") 
     return out
 
 
-def make_text_run(out: pathlib.Path, seed: int = 0) -> pathlib.Path:
+def make_text_run(out: pathlib.Path, seed: int = 0, implementation: str = "fused") -> pathlib.Path:
     """A small untrained token classifier as a run directory, with vocab.json.
 
     Untrained weights are enough to exercise the text path of the edge demo:
@@ -100,6 +100,7 @@ def make_text_run(out: pathlib.Path, seed: int = 0) -> pathlib.Path:
         ff_dim=16,
         dropout=0.0,
         seed=seed,
+        implementation=implementation,
     )
     model = build_classifier(config)
     rng = np.random.default_rng(seed)

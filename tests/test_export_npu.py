@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 import pytest
-from edge_bundle import REPO, export_command
+from edge_bundle import REPO, export_bundle, export_command, make_text_run
 
 from edge_demo.contract.bundle import open_bundle
 from edge_demo.errors import UsageError
@@ -113,11 +113,25 @@ def test_digits_int16x8_attention_matmuls_stay_on_a_small_npus_cpu(
         assert found.mac_fraction < 1.0
 
 
+@pytest.fixture(scope="module")
+def per_head_bundle(tmp_path_factory):
+    """The token classifier of text_bundle, with the lesson's per-head graph, in int8."""
+    root = tmp_path_factory.mktemp("per_head")
+    run = make_text_run(root / "run", implementation="per_head")
+    return export_bundle(run, root / "bundle", "int8")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", ["fused", "per_head"])
 @pytest.mark.parametrize("accelerator", npu.ACCELERATORS, ids=lambda a: a.name)
 def test_token_classifier_int8_runs_whole_on_the_npu_after_its_lookups(
-    text_bundle, accelerator, tmp_path
+    request, graph, accelerator, tmp_path
 ):
-    model, found = _compile(text_bundle, "int8", accelerator, tmp_path)
+    """Fused or the lesson's per-head graph (each head's projections, softmax and
+    weighted sum its own operators): everything after the lookups, every head
+    included, is one NPU partition."""
+    bundle = request.getfixturevalue("text_bundle" if graph == "fused" else "per_head_bundle")
+    model, found = _compile(bundle, "int8", accelerator, tmp_path)
     assert found.reason is None
     assert found.get("npu_macs") == found.get("macs")  # the projections and attention: NPU
     assert found.get("cpu_macs") == 0
