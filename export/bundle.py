@@ -54,7 +54,7 @@ from .convert import attention_weights, saved_models
 from .devices import add_devices
 from .entry import convert_mode, judge
 from .graph import INTEGER_IO
-from .npu import Accelerator, compile_for, compiled_name, parse_accelerators, require_vela
+from .npu import Accelerator, compile_for, compiled_name, npu_request, require_vela
 from .source import Source, SourcePaths, load_source, run_files
 from .summary import mode_line
 
@@ -171,7 +171,7 @@ def export_bundle(
     log = log or (lambda line: None)
     started = time.perf_counter()
     selected = parse_modes(modes)
-    accelerators = parse_accelerators(npu)
+    accelerators = npu_request(npu, selected)
     vela = require_vela() if accelerators else None
     out = _target(source, out, overwrite)
     loaded = load_source(source, tuple(import_modules))  # 1. read and check the source

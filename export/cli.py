@@ -113,11 +113,11 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
-    if args.npu:  # before TensorFlow: an unknown accelerator or no Vela is one line
-        from .npu import parse_accelerators, require_vela
+    if args.npu:  # before TensorFlow: one line for a bad request or no Vela
+        from .bundle import parse_modes
+        from .npu import npu_request
 
-        parse_accelerators(args.npu)
-        require_vela()
+        npu_request(args.npu, parse_modes(args.quant))
     from keras_mha.quiet import import_tensorflow  # keras_mha only past --help
 
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)

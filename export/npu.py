@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from edge_demo.contract.npu import NpuTarget
 from edge_demo.errors import UsageError
 
-from .graph import GraphInfo, OpInfo, op_histogram, read_graph
+from .graph import INTEGER_IO, GraphInfo, OpInfo, op_histogram, read_graph
 
 NPU_OP = "CUSTOM:ethos-u"
 VELA_SECONDS = 1800  # a MiniLM-sized graph takes minutes on 2 cores
@@ -83,6 +83,24 @@ def parse_accelerators(value: str | Sequence[str] | None) -> tuple[Accelerator, 
             "--npu",
         )
     return tuple(a for a in ACCELERATORS if a.name in names)
+
+
+def npu_request(value: str | Sequence[str] | None, modes: Sequence[str]) -> tuple[Accelerator, ...]:
+    """The accelerators `--npu` names, checked against the modes asked for and Vela.
+
+    UsageError (one line) for an unknown accelerator, no full-integer mode
+    among `modes` (only those compile), or no Vela installed.
+    """
+    accelerators = parse_accelerators(value)
+    if not accelerators:
+        return ()
+    if not set(modes) & set(INTEGER_IO):
+        raise UsageError(
+            f"compiles full-integer modes ({', '.join(INTEGER_IO)}); --quant asks for none",
+            "--npu",
+        )
+    require_vela()
+    return accelerators
 
 
 def vela_version() -> str | None:

@@ -46,6 +46,23 @@ def test_accelerators_parse_and_unknown_ones_are_refused_naming_the_choices():
     assert "'ethos-u55-999'" in str(error.value)
 
 
+def test_npu_without_a_full_integer_mode_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="--quant asks for none"):
+        npu.npu_request("all", ("float32", "dynamic"))
+    assert npu.npu_request("ethos-u85-256", ("float32", "int8")) == (npu.BY_NAME["ethos-u85-256"],)
+    assert npu.npu_request(None, ("float32",)) == ()
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_mha_export", str(tmp_path / "none"), "--quant", "float16"]
+        + ["--npu", "all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "full-integer modes (int8, int16x8)" in done.stderr
+
+
 def test_vela_missing_is_one_line_naming_the_package(monkeypatch):
     monkeypatch.setattr(npu, "vela_version", lambda: None)
     with pytest.raises(UsageError, match="pip install ethos-u-vela"):
