@@ -193,9 +193,10 @@ class TokenEmbedding(keras.layers.Embedding):
     def compute_mask(self, inputs, mask=None):
         if not self.mask_zero:
             return None
-        table = np.ones((self.input_dim,), self.compute_dtype)
+        table = np.ones((self.input_dim,), "float32")
         table[0] = 0.0  # the padding id
-        return ops.take(ops.convert_to_tensor(table), ops.cast(inputs, "int32"), axis=0)
+        table = ops.convert_to_tensor(table, self.compute_dtype)  # bfloat16 too
+        return ops.take(table, ops.cast(inputs, "int32"), axis=0)
 
 
 @keras.saving.register_keras_serializable(package="keras_mha")

@@ -45,6 +45,10 @@ def test_token_embedding_mask_is_the_padding_as_floats_and_the_weights_are_keras
     np.testing.assert_array_equal(npy(mask), (x != 0).astype("float32"))
     np.testing.assert_array_equal(npy(ours(x)), npy(theirs(x)))
     assert TokenEmbedding.from_config(ours.get_config()).mask_zero
+    half = TokenEmbedding(VOCAB, WIDTH, dtype="mixed_bfloat16")
+    half_mask = half.compute_mask(keras.ops.convert_to_tensor(x))
+    assert keras.backend.standardize_dtype(half_mask.dtype) == "bfloat16"
+    np.testing.assert_array_equal(npy(keras.ops.cast(half_mask, "float32")), npy(mask))
     assert TokenEmbedding(VOCAB, WIDTH, mask_zero=False).compute_mask(x) is None
 
 
