@@ -51,10 +51,6 @@ class Accelerator:
     system_config: str  # Vela's default for this NPU (vela.ini)
     memory_mode: str
 
-    @property
-    def short(self) -> str:
-        return self.name.removeprefix("ethos-").upper()
-
 
 ACCELERATORS = (
     # Cortex-M55 + U55 in a microcontroller: weights in off-chip flash, SRAM shared.
