@@ -55,7 +55,7 @@ from .devices import add_devices
 from .entry import convert_mode, judge
 from .graph import INTEGER_IO
 from .npu import Accelerator, compile_for, compiled_name, npu_request, require_vela
-from .source import Source, SourcePaths, load_source, run_files
+from .source import Source, SourcePaths, check_length, load_source, run_files
 from .summary import mode_line
 
 TOOL = "keras-mha-export"
@@ -140,6 +140,7 @@ def export_bundle(
     dataset: str | None = None,
     import_modules: Sequence[str] = (),
     npu: str | Sequence[str] | None = None,
+    length: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert, verify and bundle a model; return the manifest written.
@@ -159,6 +160,10 @@ def export_bundle(
         npu: `"all"` or a comma list of `npu.ACCELERATORS` names: compile
             each verified full-integer mode for them with Vela (needs
             ethos-u-vela); None or empty: no NPU compile.
+        length: export a token-id model of dynamic length (an encoder) at
+            this fixed sequence length: eval and calibration ids padded to
+            it, every file `(1, length)` (`source.at_length`); what an NPU
+            and TFLite Micro need. None: as the model is.
         log: called with progress lines (nothing is printed otherwise).
 
     Returns:
@@ -171,10 +176,12 @@ def export_bundle(
     log = log or (lambda line: None)
     started = time.perf_counter()
     selected = parse_modes(modes)
+    if length is not None:
+        check_length(length)
     accelerators = npu_request(npu, selected)
     vela = require_vela() if accelerators else None
     out = _target(source, out, overwrite)
-    loaded = load_source(source, tuple(import_modules))  # 1. read and check the source
+    loaded = load_source(source, tuple(import_modules), length)  # 1. read and check the source
     _describe(loaded, log)
     with building(out) as staging:
         draft = _Draft(loaded, selected, dataset or loaded.dataset, started)
@@ -182,7 +189,7 @@ def export_bundle(
         _convert(staging, loaded, selected, draft, log)  # 3. each mode converted, its graph checked
         kept = _verify(staging, loaded, draft, allow_parity_failure, log)  # 4. the device's checks
         if accelerators:  # 5. Vela for Ethos-U
-            kept = _compile_npu(staging, kept, accelerators, vela, log)
+            kept = _compile_npu(staging, kept, accelerators, vela, allow_parity_failure, log)
         final = draft.manifest(_sized(kept))
         if not kept:
             raise ExportFailed(
@@ -220,8 +227,11 @@ def _describe(loaded: Source, log) -> None:
     what = loaded.task.describe(
         loaded.num_classes, loaded.task.float_accuracy(loaded.eval), loaded.max_length
     )
+    shape = ", ".join(str(d) for d in spec.shape[1:])
+    if loaded.length is not None:
+        shape += f" -> {loaded.length}, fixed by --length"
     log(
-        f"{loaded.files['model']}: input (1, {', '.join(str(d) for d in spec.shape[1:])}), "
+        f"{loaded.files['model']}: input (1, {shape}), "
         f"{what}; {len(loaded.eval.x)} eval / {len(loaded.calibration)} calibration samples"
     )
     if len(loaded.calibration) < 200:
@@ -271,7 +281,7 @@ class _Draft:
 
 def _add_data(staging: pathlib.Path, loaded: Source, draft: _Draft, log) -> None:
     """eval.npz, the task's own files, vocab.json and the float attention reference."""
-    draft.refs["eval"] = add_file(staging, "eval.npz", loaded.files["eval"].read_bytes())
+    draft.refs["eval"] = add_file(staging, "eval.npz", loaded.eval_file())
     for field, (name, data) in loaded.own_files.items():  # labels.json, or texts and tokenizer
         draft.refs[field] = add_file(staging, name, data)
     if loaded.vocab is not None:
@@ -301,10 +311,12 @@ def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log
     """Each mode converted at batch 1 into `staging`, its graph checked (`convert_mode`)."""
     with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
         scratch = pathlib.Path(scratch)
-        models = saved_models(loaded.model, scratch, loaded.has_blocks)
+        models = saved_models(loaded.model, scratch, loaded.has_blocks, length=loaded.length)
         int8_models = None
         if loaded.ranges is not None and "int8" in selected:
-            int8_models = saved_models(loaded.model, scratch, loaded.has_blocks, loaded.ranges)
+            int8_models = saved_models(
+                loaded.model, scratch, loaded.has_blocks, loaded.ranges, loaded.length
+            )
             log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
         for mode in selected:
             model, view = int8_models if mode == "int8" and int8_models else models
@@ -316,7 +328,7 @@ def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log
                 view,
                 eval_samples=int(loaded.eval.x.shape[0]),
                 task=loaded.task,
-                sequence_length=int(loaded.eval.x.shape[1]) if loaded.task.dynamic_length else None,
+                sequence_length=int(loaded.eval.x.shape[1]) if loaded.dynamic else None,
                 pad_id=loaded.pad_id,
             )
             if entry is None:
@@ -334,7 +346,7 @@ def _verify(staging: pathlib.Path, loaded: Source, draft: _Draft, keep_failed: b
     entries = draft.entries
     if not entries:
         return {}
-    if loaded.task.dynamic_length:
+    if loaded.dynamic:
         draft.manifest(entries).write(staging)
     else:
         entries = add_devices(staging, entries, loaded.eval.x, draft.manifest, log)
@@ -364,6 +376,7 @@ def _compile_npu(
     kept: dict[str, ModelEntry],
     accelerators: Sequence[Accelerator],
     vela: str,
+    unverified: bool,
     log,
 ) -> dict[str, ModelEntry]:
     """Each verified full-integer mode's deploy file compiled for each accelerator (npu.py).
@@ -371,13 +384,15 @@ def _compile_npu(
     The deploy file is what a microcontroller flashes (one subgraph, no
     strings; bit-identical to the named model), so it is what Vela gets. A
     model without one (a dynamic sequence length: an NPU needs fixed shapes)
-    is left out, with a note.
+    is left out, with a note. `unverified` (--allow-parity-failure): modes
+    kept unverified are compiled too (what maps to the NPU does not depend on
+    parity); their entries say `verified: false` and the table marks them.
     """
     from .summary import npu_line
 
     done = dict(kept)
     for mode, entry in kept.items():
-        if mode not in INTEGER_IO or not entry.verified:
+        if mode not in INTEGER_IO or not (entry.verified or unverified):
             continue
         if entry.deploy is None:
             log(

@@ -59,6 +59,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs ethos-u-vela; figures are Vela's estimates)",
     )
     parser.add_argument(
+        "--length",
+        type=int,
+        metavar="L",
+        help="export an encoder (token ids of any length) at the fixed length L instead: "
+        "what an NPU and TensorFlow Lite Micro need (eval and calibration padded to L; "
+        "sentences are cut at L on the device)",
+    )
+    parser.add_argument(
         "--allow-parity-failure",
         action="store_true",
         help="exit 0 and keep models that fail verification (marked unverified)",
@@ -113,6 +121,10 @@ def _source(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     source = _source(args, parser)
+    if args.length is not None:  # before TensorFlow, like --npu
+        from .source import check_length
+
+        check_length(args.length)
     if args.npu:  # before TensorFlow: one line for a bad request or no Vela
         from .bundle import parse_modes
         from .npu import npu_request
@@ -137,6 +149,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             dataset=args.dataset,
             import_modules=tuple(args.import_module),
             npu=args.npu,
+            length=args.length,
             log=log,
         )
     except ExportFailed as error:
@@ -149,7 +162,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(summary_table(manifest))
     if args.npu:
         print(f"\nArm Ethos-U, Vela {manifest_vela(manifest)} (estimates; nothing ran on an NPU):")
-        print(npu_table({out.parent.name if out.name == "bundle" else out.name: manifest}))
+        name = out.parent.name if out.name.startswith("bundle") else out.name  # RUN/bundle*
+        print(npu_table({name: manifest}))
     verified, failed = manifest.verified, manifest.failed
     print(
         f"\nbundle: {out} ({len(verified)}/{len(manifest.requested)} modes verified"

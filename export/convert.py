@@ -89,15 +89,20 @@ def import_tensorflow() -> types.ModuleType:
     return tf
 
 
-def write_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
-    """Trace `model(x, training=False)` for a batch of 1 into a SavedModel."""
+def write_saved_model(
+    model: keras.Model, directory: str | os.PathLike, length: int | None = None
+) -> None:
+    """Trace `model(x, training=False)` for a batch of 1 into a SavedModel.
+
+    `length`: trace a token-id input of dynamic length at `(1, length)`."""
     import keras
     import tensorflow as tf
 
     from keras_mha.quiet import captured_output  # not at the top: the package stays light
 
     spec = model.inputs[0]
-    signature = [tf.TensorSpec((1, *spec.shape[1:]), spec.dtype, name="inputs")]
+    shape = (1, *spec.shape[1:]) if length is None else (1, int(length))
+    signature = [tf.TensorSpec(shape, spec.dtype, name="inputs")]
     archive = keras.export.ExportArchive()
     archive.track(model)
     archive.add_endpoint("serve", functools.partial(model.__call__, training=False), signature)
@@ -105,24 +110,31 @@ def write_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
         archive.write_out(str(directory), verbose=False)
 
 
-def write_attention_saved_model(model: keras.Model, directory: str | os.PathLike) -> None:
+def write_attention_saved_model(
+    model: keras.Model, directory: str | os.PathLike, length: int | None = None
+) -> None:
     """The classifier's attention weights (`attention_model`) as a batch-1 SavedModel.
 
     Its outputs are named `attention_0`, `attention_1`, ... (one per block).
     """
     from keras_mha.model import attention_model
 
-    write_saved_model(attention_model(model, batch_size=1), directory)
+    write_saved_model(attention_model(model, batch_size=1), directory, length)
 
 
 def saved_models(
-    model: keras.Model, scratch: pathlib.Path, view: bool, ranges: dict | None = None
+    model: keras.Model,
+    scratch: pathlib.Path,
+    view: bool,
+    ranges: dict | None = None,
+    length: int | None = None,
 ) -> tuple[pathlib.Path, pathlib.Path | None]:
     """The SavedModels a mode converts: the model's and, with `view`, its attention's.
 
     With `ranges` (keras_mha.qat's ranges.json) every quantization point rounds
     to its range (FakeQuant ops, which the converter takes as the tensors' int8
-    ranges) while they are traced."""
+    ranges) while they are traced. `length`: traced at that fixed sequence
+    length (`write_saved_model`)."""
     suffix = "" if ranges is None else "_ranges"
     model_dir = scratch / f"saved_model{suffix}"
     view_dir = scratch / f"attention_saved_model{suffix}" if view else None
@@ -131,9 +143,9 @@ def saved_models(
 
         qat.attach(model, ranges)
     try:
-        write_saved_model(model, model_dir)
+        write_saved_model(model, model_dir, length)
         if view_dir is not None:
-            write_attention_saved_model(model, view_dir)
+            write_attention_saved_model(model, view_dir, length)
     finally:
         if ranges is not None:
             qat.detach(model)

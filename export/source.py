@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import io
 import os
 import pathlib
 import re
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract.arrays import EvalData, read_npz
+from edge_demo.contract.arrays import EvalData, own_lengths, read_npz
 from edge_demo.contract.attention import CorefHead
 from edge_demo.contract.bundle import check_text_inputs
 from edge_demo.contract.lists import labels_json
@@ -74,6 +75,18 @@ class Source:
     # or why there is none for this model.
     coref_head: CorefHead | None = None
     coref_note: str | None = None
+    # --length L: token ids padded to L and the model traced at (1, L) (`at_length`).
+    length: int | None = None
+    eval_bytes: bytes | None = None  # eval.npz as the bundle holds it (None: the file's)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the models convert with a dynamic sequence axis (no fixed `length`)."""
+        return self.task.dynamic_length and self.length is None
+
+    def eval_file(self) -> bytes:
+        """eval.npz's bytes for the bundle: the source file, or its padded copy."""
+        return self.files["eval"].read_bytes() if self.eval_bytes is None else self.eval_bytes
 
     @property
     def has_blocks(self) -> bool:
@@ -286,9 +299,89 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
 
 
 def load_source(
-    source: str | os.PathLike | SourcePaths, import_modules: tuple[str, ...] = ()
+    source: str | os.PathLike | SourcePaths,
+    import_modules: tuple[str, ...] = (),
+    length: int | None = None,
 ) -> Source:
-    """Read and validate everything an export needs; UsageError if it is not usable."""
+    """Read and validate everything an export needs; UsageError if it is not usable.
+
+    `length`: export at that fixed sequence length (`at_length`)."""
     if isinstance(source, SourcePaths):
-        return load_files(source, import_modules)
-    return load_run_dir(pathlib.Path(source))
+        loaded = load_files(source, import_modules)
+    else:
+        loaded = load_run_dir(pathlib.Path(source))
+    return loaded if length is None else at_length(loaded, length)
+
+
+def check_length(length) -> int:
+    """`--length L`: an integer >= 2 (a sentence is at least [CLS] [SEP])."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
+        raise UsageError(f"must be an integer >= 2, got {length!r}", "--length")
+    return length
+
+
+def at_length(loaded: Source, length: int) -> Source:
+    """The source exported at a fixed sequence length `length` (an NPU needs fixed shapes).
+
+    For a model whose input is token ids with a dynamic sequence axis (an
+    encoder): eval.npz's and calibration's ids padded with `pad_id` to
+    `length` (the device pads a sentence the same way, and the mask makes the
+    padding invisible, so the float references hold), the tokenizer's
+    `max_length` becomes `length`. Eval sentences longer than `length` are
+    refused (their references are of the whole sentence); calibration
+    sentences longer than it are left out. A model of fixed shape is refused.
+    """
+    length = check_length(length)
+    if not loaded.task.dynamic_length:
+        shape = tuple(loaded.model.inputs[0].shape[1:])
+        raise UsageError(
+            f"the model's input is already fixed at (1, {', '.join(map(str, shape))}); "
+            "--length is for token-id models with a dynamic sequence axis (encoders)",
+            "--length",
+        )
+    if loaded.max_length is not None and length > loaded.max_length:
+        raise UsageError(
+            f"{length} is longer than the tokenizer's max_length {loaded.max_length}", "--length"
+        )
+    x = loaded.eval.x
+    longest = int(own_lengths(x, loaded.pad_id).max())
+    if longest > length:
+        raise UsageError(
+            f"{length} is shorter than the longest eval sentence ({longest} tokens); "
+            f"expected --length >= {longest}",
+            "--length",
+        )
+    calibration = loaded.calibration
+    fits = own_lengths(calibration, loaded.pad_id) <= length
+    if not fits.any():
+        raise UsageError(f"every calibration sentence is longer than {length} tokens", "--length")
+    names = _npz_members(loaded.files["eval"])
+    arrays = read_npz(loaded.files["eval"], names)
+    arrays["x"] = _pad_to(x, length, loaded.pad_id)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return dataclasses.replace(
+        loaded,
+        calibration=_pad_to(calibration[fits], length, loaded.pad_id),
+        eval=dataclasses.replace(loaded.eval, x=arrays["x"]),
+        max_length=length,
+        length=length,
+        eval_bytes=buffer.getvalue(),
+    )
+
+
+def _npz_members(path: pathlib.Path) -> tuple[str, ...]:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return tuple(name.removesuffix(".npy") for name in archive.namelist())
+    except (OSError, zipfile.BadZipFile) as error:
+        raise UsageError(f"cannot read it ({one_line(error)})", path) from None
+
+
+def _pad_to(ids: np.ndarray, length: int, pad_id: int) -> np.ndarray:
+    """Token ids `(N, T)` cut or padded with `pad_id` to `(N, length)`; every row's
+    tokens fit (the caller checked)."""
+    out = np.full((ids.shape[0], length), pad_id, ids.dtype)
+    width = min(length, ids.shape[1])
+    out[:, :width] = ids[:, :width]
+    return out

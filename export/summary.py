@@ -107,6 +107,7 @@ def npu_rows(name: str, manifest: Manifest) -> list[tuple[str, ...]]:
     rows = []
     for mode, entry in manifest.models.items():
         report = entry.npu
+        mode = mode if entry.verified else f"{mode} (unverified)"
         for target in () if report is None else report.targets:
             if target.reason is not None:
                 rows.append((name, mode, target.accelerator, *["-"] * 7, target.reason))

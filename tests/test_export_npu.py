@@ -201,3 +201,21 @@ def test_export_with_npu_keeps_the_compiled_files_and_vela_report(text_run, tmp_
     assert npu_table({out.parent.name: manifest}) in done.stdout  # named by the run
     u85 = report.target("ethos-u85-256")
     assert u85.npu_fraction == 1.0 and u85.mac_fraction == 1.0
+
+
+def test_length_is_checked_before_loading_and_refused_for_a_fixed_model(text_run, tmp_path):
+    """--length L is for encoders (a dynamic sequence axis): a bad value is one line
+    before TensorFlow; a classifier already fixed at its max_length is refused by name."""
+    done = subprocess.run(
+        [sys.executable, "-m", "keras_mha_export", str(tmp_path / "none"), "--length", "1"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--length: must be an integer >= 2, got 1" in lines[0]
+    from keras_mha_export.bundle import export_bundle as export
+
+    with pytest.raises(UsageError, match=r"already fixed at \(1, \d+\)") as caught:
+        export(text_run, tmp_path / "bundle", "int8", length=16)
+    assert "--length is for token-id models with a dynamic sequence axis" in str(caught.value)
+    assert not (tmp_path / "bundle").exists()

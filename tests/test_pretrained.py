@@ -296,3 +296,90 @@ def test_the_device_shows_the_encoders_heads(tiny_bundle, tmp_path):
     data = _page_data(page)
     assert data["reference"] is not None
     assert max(row["max_abs_diff"] for row in data["parity"]) <= 1e-4
+
+
+# --- a fixed sequence length (keras-mha-export --length L): what an NPU needs --------
+
+
+@pytest.fixture(scope="module")
+def tiny_fixed(tiny_bundle, tmp_path_factory):
+    """The tiny encoder's run exported at a fixed length: its max_length, 64 (most of its
+    eval sentences are far shorter, so most of each row is padding)."""
+    from keras_mha_export.bundle import export_bundle
+
+    out = tmp_path_factory.mktemp("tiny-fixed") / "bundle"
+    lines: list[str] = []
+    manifest = export_bundle(
+        tiny_bundle["run"].path, out, "float32,int8", length=64, allow_parity_failure=True,
+        log=lines.append,
+    )  # fmt: skip
+    return {"manifest": manifest, "bundle": out, "length": 64, "log": lines}
+
+
+def test_a_fixed_length_bundle_is_the_dynamic_one_padded(tiny_fixed, tiny_bundle):
+    from edge_demo.contract.bundle import open_bundle
+
+    manifest, length = tiny_fixed["manifest"], tiny_fixed["length"]
+    dynamic = tiny_bundle["manifest"]
+    assert f"input (1, None -> {length}, fixed by --length)" in tiny_fixed["log"][0]
+    assert manifest.max_length == length  # the device's tokenizer cuts at L
+    real = (open_bundle(tiny_bundle["bundle"]).eval.x != 0).sum(1)
+    assert np.median(real) < length / 2  # most of a row is padding
+    assert manifest.eval.x_shape == (dynamic.eval.samples, length)
+    bundle = open_bundle(tiny_fixed["bundle"])
+    fixed_x, dynamic_x = bundle.eval.x, open_bundle(tiny_bundle["bundle"]).eval.x
+    assert (fixed_x[:, : dynamic_x.shape[1]] == dynamic_x).all() and (
+        fixed_x[:, dynamic_x.shape[1] :] == 0
+    ).all()
+    np.testing.assert_array_equal(bundle.eval.probs, open_bundle(tiny_bundle["bundle"]).eval.probs)
+    assert bundle.attention[0].shape[-2:] == (length, length)
+    float32 = manifest.models["float32"]
+    assert float32.verified and not float32.dynamic_length
+    assert float32.input.shape == (1, length) and float32.input.dtype == "int32"
+    assert float32.parity.max_abs_diff <= 1e-5  # padding is masked: the same vectors
+    assert float32.attention.parity.argmax_agreement >= 0.98
+    for entry in manifest.models.values():  # fixed shapes: a deploy file, TFLM asked
+        assert entry.deploy is not None and entry.deploy.bytes < entry.bytes
+        assert "tflite-micro" in entry.runtimes or not entry.micro
+    assert "int8" in manifest.models  # converted fully integer (parity is the model's)
+    assert manifest.models["int8"].input.shape == (1, length)
+
+
+def test_length_refusals_are_one_line(tiny_bundle, tmp_path):
+    from edge_demo.contract.arrays import own_lengths
+    from edge_demo.errors import UsageError
+    from keras_mha_export.bundle import export_bundle
+
+    run = tiny_bundle["run"].path
+    longest = int(own_lengths(np.load(run / "eval.npz")["x"]).max())
+    cases = [
+        (longest - 1, f"shorter than the longest eval sentence ({longest} tokens)"),
+        (65, "longer than the tokenizer's max_length 64"),
+        (1, "must be an integer >= 2"),
+    ]
+    for length, fragment in cases:
+        with pytest.raises(UsageError, match="--length") as caught:
+            export_bundle(run, tmp_path / f"b{length}", "float32", length=length)
+        assert fragment in str(caught.value) and "\n" not in str(caught.value)
+        assert not (tmp_path / f"b{length}").exists()
+
+
+def test_the_device_pads_a_sentence_to_a_fixed_length(tiny_fixed, tiny, tmp_path):
+    """--embed and --view on the fixed-length bundle: each sentence padded to L by the
+    device, the same vectors as transformers', the page at the sentence's own tokens."""
+    bundle = tiny_fixed["bundle"]
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(tiny["sentences"][:4]) + "\n")
+    done = _edge(bundle, "--quant", "float32", "--embed", lines, "--out", tmp_path / "v.npy")
+    assert done.returncode == 0, done.stderr
+    vectors = np.load(tmp_path / "v.npy")
+    assert np.abs(vectors - tiny["ref"]["embeddings"][:4]).max() <= TOLERANCE
+    page = tmp_path / "lesson.html"
+    sentence = "The animal didn't cross the street because it was too tired."
+    done = _edge(bundle, "--quant", "float32", "--text", sentence, "--view", page)
+    assert done.returncode == 0, done.stderr
+    data = _page_data(page)
+    assert data["tokens"][0] == "[CLS]" and data["tokens"][-1] == "[SEP]"
+    layer = np.asarray(data["device"][0])  # (h, n, n): cropped to the sentence's tokens
+    assert layer.shape == (SHAPE["heads"], len(data["tokens"]), len(data["tokens"]))
+    assert np.abs(layer.sum(-1) - 1).max() <= 1e-3  # padding got no weight

@@ -45,6 +45,36 @@ def manifest_mismatch(where: str | os.PathLike, entry: ModelEntry, inputs, outpu
             )
 
 
+def fit_length(x: np.ndarray, spec: TensorSpec, pad_id: int) -> np.ndarray:
+    """Token ids `(N, T)` for a fixed-length token-id input `spec` of shape `(1, L)`.
+
+    A bundle exported at a fixed length (keras-mha-export --length L, for an
+    NPU) takes every sentence padded with `pad_id` to L; the model masks the
+    padding, so the output is the sentence's own. Rows wider than L lose
+    trailing padding only: a sentence of more than L tokens is a UsageError
+    (the tokenizer's max_length is L in such a bundle, so it cuts them first).
+    Anything else (images, a dynamic axis, quantized inputs) is returned as is.
+    """
+    x = np.asarray(x)
+    dtype = np.dtype(spec.dtype)
+    if x.ndim != 2 or len(spec.shape) != 2 or spec.quantized or dtype.kind not in "iu":
+        return x
+    length, width = int(spec.shape[1]), x.shape[1]
+    if width == length or length <= 0:
+        return x
+    if width > length:
+        longest = int(own_lengths(x, pad_id).max()) if x.shape[0] else 0
+        if longest > length:
+            raise UsageError(
+                f"a sentence of {longest} tokens; this model takes at most {length} "
+                "(exported at a fixed length)"
+            )
+        return x[:, :length]
+    out = np.full((x.shape[0], length), pad_id, x.dtype)
+    out[:, :width] = x
+    return out
+
+
 class EdgeModel:
     """One TFLite model in a runtime, at batch 1, with its quantization handled.
 
@@ -183,7 +213,7 @@ class EdgeModel:
                         self.where,
                     )
         try:
-            prepared = input_spec.quantize(x)
+            prepared = input_spec.quantize(fit_length(x, input_spec, self.pad_id))
         except ValueError as exc:
             raise UsageError(str(exc), self.where) from None
         raw = {key: [] for key in signature.outputs}
@@ -202,7 +232,7 @@ class EdgeModel:
     def prepare(self, x: np.ndarray) -> np.ndarray:
         """Samples `(N, ...)` as the input tensor takes them (quantized if it is)."""
         try:
-            return self.input.quantize(x)
+            return self.input.quantize(fit_length(x, self.input, self.pad_id))
         except ValueError as exc:
             raise UsageError(str(exc), self.where) from None
 
