@@ -491,7 +491,8 @@ class BertEmbeddings(keras.layers.Layer):
     Every sentence is one segment (token type 0); a cross-encoder's pair
     (`pair_sep_id` set) gives the tokens after the first [SEP] type 1, as
     its tokenizer does, so the model needs only the ids. The output carries the
-    mask `ids != pad_id` for the blocks and the pooling: BERT's [PAD] is 0,
+    mask `ids != pad_id` for the blocks and the pooling, as 0/1 floats (see
+    `compute_mask`): BERT's [PAD] is 0,
     RoBERTa's and XLM-R's <pad> is 1. RoBERTa numbers positions from
     `pad_id + 1` (its `padding_idx + 1`), so `position_offset` is 2 there and
     0 for BERT; with padding only at the end (how every batch here is made),
@@ -570,7 +571,13 @@ class BertEmbeddings(keras.layers.Layer):
         return ops.cast(ops.greater(before, 0), "int32") * real
 
     def compute_mask(self, ids, mask=None):
-        return ops.not_equal(ids, self.pad_id)
+        # 0/1 floats looked up like the ids, as TokenEmbedding's: the attention and
+        # the poolings read them with MUL and SUB, so no boolean operator (which an
+        # integer-only NPU such as Ethos-U55 cannot run) is left in the graph.
+        table = np.ones((self.vocab_size,), "float32")
+        table[self.pad_id] = 0.0
+        table = ops.convert_to_tensor(table, self.compute_dtype)
+        return ops.take(table, ops.cast(ids, "int32"), axis=0)
 
     def compute_output_spec(self, ids):
         return keras.KerasTensor(tuple(ids.shape) + (self.hidden_size,), dtype=self.compute_dtype)
@@ -592,11 +599,14 @@ class BertEmbeddings(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="keras_mha")
 class L2Normalize(keras.layers.Layer):
-    """x / max(||x||, 1e-12) over the last axis (sentence-transformers' Normalize)."""
+    """x / max(||x||, 1e-12) over the last axis (sentence-transformers' Normalize).
+
+    Computed as x * rsqrt(max(||x||^2, 1e-24)): the same numbers, and RSQRT and
+    MUL are operators every Ethos-U NPU runs (SQRT and DIV are not)."""
 
     def call(self, x):
-        norm = ops.sqrt(ops.sum(x * x, axis=-1, keepdims=True))
-        return x / ops.maximum(norm, 1e-12)
+        squared = ops.sum(x * x, axis=-1, keepdims=True)
+        return x * ops.rsqrt(ops.maximum(squared, 1e-24))
 
     def compute_output_shape(self, input_shape):
         return input_shape

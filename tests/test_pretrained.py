@@ -311,7 +311,7 @@ def tiny_fixed(tiny_bundle, tmp_path_factory):
     lines: list[str] = []
     manifest = export_bundle(
         tiny_bundle["run"].path, out, "float32,int8", length=64, allow_parity_failure=True,
-        log=lines.append,
+        npu="ethos-u55-128", log=lines.append,
     )  # fmt: skip
     return {"manifest": manifest, "bundle": out, "length": 64, "log": lines}
 
@@ -343,6 +343,22 @@ def test_a_fixed_length_bundle_is_the_dynamic_one_padded(tiny_fixed, tiny_bundle
         assert "tflite-micro" in entry.runtimes or not entry.micro
     assert "int8" in manifest.models  # converted fully integer (parity is the model's)
     assert manifest.models["int8"].input.shape == (1, length)
+
+
+def test_an_encoder_at_a_fixed_length_runs_on_a_u55_after_its_lookups(tiny_fixed):
+    """The encoder's mask is 0/1 floats (BertEmbeddings) and its normalisation an RSQRT:
+    on an Ethos-U55, whose NPU has no boolean, DIV or SQRT operator, only the two
+    lookups (the word embedding and the mask) are left to the CPU, and everything
+    after them is one NPU partition (was 269 of 291 in 15 partitions on MiniLM)."""
+    from keras_mha_export.graph import op_histogram, read_graph
+
+    entry = tiny_fixed["manifest"].models["int8"]
+    (target,) = entry.npu.targets
+    assert target.accelerator == "ethos-u55-128" and target.reason is None
+    assert target.cpu_ops == {"GATHER": 2} and target.get("npu_partitions") == 1
+    assert target.mac_fraction == 1.0
+    ops = op_histogram(read_graph((tiny_fixed["bundle"] / entry.file).read_bytes()))
+    assert not {"SELECT_V2", "NOT_EQUAL", "LOGICAL_AND", "DIV", "SQRT"} & set(ops), ops
 
 
 def test_length_refusals_are_one_line(tiny_bundle, tmp_path):
