@@ -75,6 +75,18 @@ def fit_length(x: np.ndarray, spec: TensorSpec, pad_id: int) -> np.ndarray:
     return out
 
 
+def _pad_to(value: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    """A raw output of one sentence at its own length, padded to `spec`'s shape
+    (without the batch) with the value that dequantizes to 0."""
+    shape = tuple(spec.shape[1:])
+    if value.shape == shape or len(shape) != value.ndim:
+        return value
+    fill = spec.zero_point if spec.quantized else 0
+    out = np.full(shape, fill, value.dtype)
+    out[tuple(slice(0, n) for n in value.shape)] = value
+    return out
+
+
 class EdgeModel:
     """One TFLite model in a runtime, at batch 1, with its quantization handled.
 
@@ -217,12 +229,20 @@ class EdgeModel:
         except ValueError as exc:
             raise UsageError(str(exc), self.where) from None
         raw = {key: [] for key in signature.outputs}
+        # A dynamic-length model runs each sentence at its own length, as `run` does
+        # (calibration never saw padding, so a padded row is not what it was made
+        # for); each output is padded back to the described shape with its zero.
+        lengths = self.own_lengths(prepared, self.pad_id) if self.dynamic_length else None
         i = 0
         try:
             for i in range(prepared.shape[0]):
-                out = runner(**{input_name: prepared[i : i + 1]})
+                row = prepared[i : i + 1] if lengths is None else prepared[i : i + 1, : lengths[i]]
+                out = runner(**{input_name: row})
                 for key in raw:
-                    raw[key].append(np.array(out[key][0]))
+                    value = np.array(out[key][0])
+                    if lengths is not None:
+                        value = _pad_to(value, signature.outputs[key])
+                    raw[key].append(value)
         except (RuntimeError, ValueError, KeyError) as exc:
             raise InferenceError(
                 f"{self.runtime.name} failed on sample {i} of signature {name!r}: {exc}"
