@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract.arrays import EvalData, own_lengths, read_npz
+from edge_demo.contract.arrays import EvalData, own_lengths, pad_ids, read_npz
 from edge_demo.contract.attention import CorefHead
 from edge_demo.contract.bundle import check_text_inputs
 from edge_demo.contract.lists import labels_json
@@ -357,12 +357,12 @@ def at_length(loaded: Source, length: int) -> Source:
         raise UsageError(f"every calibration sentence is longer than {length} tokens", "--length")
     names = _npz_members(loaded.files["eval"])
     arrays = read_npz(loaded.files["eval"], names)
-    arrays["x"] = _pad_to(x, length, loaded.pad_id)
+    arrays["x"] = pad_ids(x, length, loaded.pad_id)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     return dataclasses.replace(
         loaded,
-        calibration=_pad_to(calibration[fits], length, loaded.pad_id),
+        calibration=pad_ids(calibration[fits], length, loaded.pad_id),
         eval=dataclasses.replace(loaded.eval, x=arrays["x"]),
         max_length=length,
         length=length,
@@ -376,12 +376,3 @@ def _npz_members(path: pathlib.Path) -> tuple[str, ...]:
             return tuple(name.removesuffix(".npy") for name in archive.namelist())
     except (OSError, zipfile.BadZipFile) as error:
         raise UsageError(f"cannot read it ({one_line(error)})", path) from None
-
-
-def _pad_to(ids: np.ndarray, length: int, pad_id: int) -> np.ndarray:
-    """Token ids `(N, T)` cut or padded with `pad_id` to `(N, length)`; every row's
-    tokens fit (the caller checked)."""
-    out = np.full((ids.shape[0], length), pad_id, ids.dtype)
-    width = min(length, ids.shape[1])
-    out[:, :width] = ids[:, :width]
-    return out

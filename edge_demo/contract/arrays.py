@@ -285,6 +285,16 @@ def own_lengths(ids: np.ndarray, pad_id: int = 0) -> np.ndarray:
     return np.where(nonzero.any(1), last, 1)
 
 
+def pad_ids(ids: np.ndarray, length: int, pad_id: int = 0) -> np.ndarray:
+    """Token ids `(N, T)` as `(N, length)`: padded with `pad_id`, or cut where only
+    padding is cut (the caller checked every row's own length fits): how a
+    fixed-length model takes a sentence (export's eval and calibration, the device)."""
+    out = np.full((ids.shape[0], length), pad_id, ids.dtype)
+    width = min(length, ids.shape[1])
+    out[:, :width] = ids[:, :width]
+    return out
+
+
 def check_token_ids(x: np.ndarray, where: str | os.PathLike, pad_id: int = 0) -> int:
     """Token ids `x (N, T)` padded with `pad_id`, each row at least one token; returns N."""
     check_inputs(x, where, "x")

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..contract.arrays import own_lengths
+from ..contract.arrays import own_lengths, pad_ids
 from ..contract.entries import ModelEntry, Signature
 from ..contract.tensors import TensorSpec
 from ..errors import UsageError
@@ -62,17 +62,13 @@ def fit_length(x: np.ndarray, spec: TensorSpec, pad_id: int) -> np.ndarray:
     length, width = int(spec.shape[1]), x.shape[1]
     if width == length or length <= 0:
         return x
-    if width > length:
-        longest = int(own_lengths(x, pad_id).max()) if x.shape[0] else 0
-        if longest > length:
-            raise UsageError(
-                f"a sentence of {longest} tokens; this model takes at most {length} "
-                "(exported at a fixed length)"
-            )
-        return x[:, :length]
-    out = np.full((x.shape[0], length), pad_id, x.dtype)
-    out[:, :width] = x
-    return out
+    longest = int(own_lengths(x, pad_id).max()) if x.shape[0] else 0
+    if longest > length:
+        raise UsageError(
+            f"a sentence of {longest} tokens; this model takes at most {length} "
+            "(exported at a fixed length)"
+        )
+    return pad_ids(x, length, pad_id)
 
 
 def _pad_to(value: np.ndarray, spec: TensorSpec) -> np.ndarray:
