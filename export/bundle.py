@@ -50,7 +50,7 @@ from edge_demo.contract.npu import NpuReport
 from edge_demo.errors import UsageError
 
 from . import verify
-from .convert import attention_weights, saved_models
+from .convert import attention_weights, saved_models, token_ids
 from .devices import add_devices
 from .entry import convert_mode, judge
 from .graph import INTEGER_IO
@@ -59,6 +59,10 @@ from .source import Source, SourcePaths, check_length, load_source, run_files
 from .summary import mode_line
 
 TOOL = "keras-mha-export"
+# Newton steps on every LayerNorm's inverse std in the int16x8 graph of a
+# token-id model (keras_mha.layers.newton_refined; docs/quantization.md):
+# MiniLM's worst attention row moves 0.247 with none, 0.066 with two.
+INT16_NEWTON_STEPS = 2
 
 
 class ExportFailed(Exception):
@@ -106,7 +110,8 @@ def check_target(out: pathlib.Path, overwrite: bool, files: dict[str, pathlib.Pa
         raise UsageError("exists and is not empty (use --overwrite)", f"--out {out}")
 
 
-def _versions() -> dict[str, str]:
+def _versions(quantizer: bool = False) -> dict[str, str]:
+    """The tools that made the bundle; `quantizer`: ai-edge-quantizer made a model."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -127,6 +132,10 @@ def _versions() -> dict[str, str]:
         versions["ai_edge_litert"] = version("ai-edge-litert")
     except Exception:  # not installed: verification fell back to TensorFlow
         pass
+    if quantizer:
+        from importlib.metadata import version
+
+        versions["ai_edge_quantizer"] = version("ai-edge-quantizer")
     return versions
 
 
@@ -268,7 +277,7 @@ class _Draft:
             max_length=loaded.max_length,
             pad_id=loaded.pad_id,
             models=models,
-            created_by=_versions(),
+            created_by=_versions("int16x8" in models and token_ids(loaded.calibration)),
             created_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             source_model=FileRef(loaded.files["model"].name, sha256_file(loaded.files["model"])),
             dataset=self.dataset,
@@ -318,8 +327,16 @@ def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log
                 loaded.model, scratch, loaded.has_blocks, loaded.ranges, loaded.length
             )
             log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
+        int16_models = None
+        if "int16x8" in selected and token_ids(loaded.calibration):  # ai-edge-quantizer's
+            int16_models = saved_models(
+                loaded.model, scratch, loaded.has_blocks, length=loaded.length,
+                newton_steps=INT16_NEWTON_STEPS,
+            )  # fmt: skip
         for mode in selected:
             model, view = int8_models if mode == "int8" and int8_models else models
+            if mode == "int16x8" and int16_models:
+                model, view = int16_models
             entry, found = convert_mode(
                 model,
                 mode,

@@ -128,14 +128,21 @@ def saved_models(
     view: bool,
     ranges: dict | None = None,
     length: int | None = None,
+    newton_steps: int = 0,
 ) -> tuple[pathlib.Path, pathlib.Path | None]:
     """The SavedModels a mode converts: the model's and, with `view`, its attention's.
 
     With `ranges` (keras_mha.qat's ranges.json) every quantization point rounds
     to its range (FakeQuant ops, which the converter takes as the tensors' int8
     ranges) while they are traced. `length`: traced at that fixed sequence
-    length (`write_saved_model`)."""
-    suffix = "" if ranges is None else "_ranges"
+    length (`write_saved_model`). `newton_steps`: every LayerNorm's inverse std
+    refined with that many Newton steps (`keras_mha.layers.newton_refined`: the
+    int16x8 graph of a token-id model)."""
+    from keras_mha.layers import newton_refined
+
+    suffix = ("" if ranges is None else "_ranges") + (
+        f"_newton{newton_steps}" if newton_steps else ""
+    )
     model_dir = scratch / f"saved_model{suffix}"
     view_dir = scratch / f"attention_saved_model{suffix}" if view else None
     if ranges is not None:
@@ -143,9 +150,10 @@ def saved_models(
 
         qat.attach(model, ranges)
     try:
-        write_saved_model(model, model_dir, length)
-        if view_dir is not None:
-            write_attention_saved_model(model, view_dir, length)
+        with newton_refined(model, newton_steps):
+            write_saved_model(model, model_dir, length)
+            if view_dir is not None:
+                write_attention_saved_model(model, view_dir, length)
     finally:
         if ranges is not None:
             qat.detach(model)
@@ -216,6 +224,17 @@ def _convert_one(
 
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; expected one of {MODES}.")
+    if mode == "int16x8" and token_ids(calibration):
+        # TF's 16x8 quantizer cannot take integer inputs; ai-edge-quantizer can (aeq.py)
+        from . import aeq
+
+        float_model = _convert_one(saved_model_dir, "float32", None)
+        try:
+            return aeq.quantize_int16x8(float_model, np.asarray(calibration), pad_id)
+        except aeq.AeqMissing as error:
+            raise ConversionError(str(error)) from None
+        except Exception as error:  # AEQ raises many types; report one line
+            raise ConversionError(f"ai-edge-quantizer: {_one_line(error, [])}") from error
     tf = import_tensorflow()
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved_model_dir))
     ops_set = tf.lite.OpsSet
@@ -251,15 +270,16 @@ def _convert_one(
         with captured_output() as captured:
             return bytes(converter.convert())
     except Exception as error:  # the converter raises many types; report one line
-        reason = _one_line(error, captured)
-        if (
-            mode == "int16x8"
-            and "min/max" in str(error)
-            and calibration is not None
-            and not np.issubdtype(np.asarray(calibration).dtype, np.floating)
-        ):
-            reason += " (TF's 16x8 quantizer cannot handle integer token-id inputs)"
-        raise ConversionError(reason) from error
+        raise ConversionError(_one_line(error, captured)) from error
+
+
+def token_ids(calibration: np.ndarray | None) -> bool:
+    """Whether the calibration inputs are integer (token ids), not floats."""
+    return (
+        calibration is not None
+        and len(calibration) > 0
+        and not np.issubdtype(np.asarray(calibration).dtype, np.floating)
+    )
 
 
 # --- the attention signature ------------------------------------------------------

@@ -171,3 +171,39 @@ def test_minilm_at_a_fixed_length_maps_to_an_ethos_u85(minilm_bundle, tmp_path):
     assert u85.get("macs") > 1e9  # 6 layers at 128 tokens: about 1.4 G multiply-adds
     # the 0/1 float mask: on a U55 only the two lookups are left to the CPU
     assert u55.cpu_ops == {"GATHER": 2} and u55.get("npu_partitions") == 1, u55
+
+
+def test_minilm_full_integer_holds_with_int16_activations(minilm_bundle, tmp_path, figure):
+    """Issue 35's goal: every tensor integer (int8 weights and word table, int16
+    activations: export's int16x8 of a token-id model, ai-edge-quantizer) and
+    min cosine >= 0.99, mean >= 0.998, top-1 >= 0.97 against the float model on
+    the eval sentences at their own lengths, within 25 MB, verified by the
+    device's code with the attention view (int16x8's bound: max |Δ| <= 24
+    quanta). The recipe: `keras-mha-rescale --alpha 0.5`, then int16x8, whose
+    LayerNorms refine RSQRT with two Newton steps (docs/quantization.md).
+    Measured on an AMD EPYC: 0.9978 / 0.99959 / 0.982, 23.8 MB, attention max
+    0.066 (0.247 without the Newton steps). The bounds are the issue's; the
+    measured losses are a fifth of what they allow (1 - min cosine 0.0022 of
+    0.01, 1 - mean 0.0004 of 0.002); top-1 has 5 of 389 sentences to spare,
+    and a swap is between neighbours the float model puts within 0.01."""
+    from keras_mha.pretrained.rescale import rescale_run
+    from keras_mha_export.bundle import export_bundle
+    from keras_mha_export.graph import read_graph
+
+    quiet = {"log": lambda line: None}
+    run = rescale_run(minilm_bundle["run"].path, tmp_path / "rescaled", alpha=0.5, **quiet)
+    manifest = export_bundle(run.path, tmp_path / "bundle", "int16x8", **quiet)
+    assert manifest.verified == ["int16x8"], manifest.failed
+    entry = manifest.models["int16x8"]
+    model = (tmp_path / "bundle" / entry.file).read_bytes()
+    assert len(model) <= 25_000_000 and "DEQUANTIZE" not in entry.ops
+    graph = read_graph(model)
+    used = {i for op in graph.ops for i in (*op.inputs, *op.outputs) if i >= 0}
+    assert {graph.tensor(i).dtype for i in used} <= {"int8", "int16", "int32", "int64", "bool"}
+    parity = entry.parity
+    figure("MiniLM int16x8 min cosine", parity.min_cosine, ">= 0.99")
+    figure("MiniLM int16x8 mean cosine", parity.mean_cosine, ">= 0.998")
+    figure("MiniLM int16x8 top-1", parity.top1, ">= 0.97")
+    figure("MiniLM int16x8 attention max |Δ|", entry.attention.parity.max_abs_diff, "<= 24/256")
+    assert parity.min_cosine >= 0.99 and parity.mean_cosine >= 0.998, parity
+    assert parity.top1 >= 0.97 and parity.top5 == 1.0, parity

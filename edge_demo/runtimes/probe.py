@@ -32,7 +32,8 @@ _TOP_PACKAGE = __package__.split(".")[0]  # edge_demo
 # version it does not have, a type a kernel does not support).
 _UNSUPPORTED = re.compile(
     r"Didn't find op for builtin opcode|unsupported|not supported|only supports|unresolved custom op"
-    r"|builtin_code out of range|Registration failed",
+    r"|builtin_code out of range|Registration failed"
+    r"|only [\w, ]+ types? (?:are|is) supported",  # TFLM: "Only float32 and int8 types are ..."
     re.IGNORECASE,
 )
 # The directory holding edge_demo/: a runtime module inside

@@ -165,7 +165,8 @@ def build_rescale_parser() -> argparse.ArgumentParser:
         "--alpha",
         type=float,
         default=rescale.DEFAULT_ALPHA,
-        help=f"migration strength in [0, 1] (default {rescale.DEFAULT_ALPHA})",
+        help=f"migration strength in [0, 1] (default {rescale.DEFAULT_ALPHA}, for int8; "
+        "0.5 for int16x8, docs/quantization.md)",
     )
     parser.add_argument(
         "--ffn-ratio",
