@@ -138,9 +138,10 @@ finetune: install edge-venvs
 # Vela for Ethos-U55-128, U65-256 and U85-256 (export/npu.py), Vela's estimates
 # in each bundle's manifest and a table. Then all-MiniLM-L6-v2 (imported if
 # missing) rescaled for int16 (NPU_ENCODER, keras-mha-rescale --alpha 0.5) at
-# the fixed length NPU_LENGTH (an NPU needs fixed shapes): int16x8 verified,
-# int8, which does not hold parity (docs/quantization.md), compiled unverified
-# (--allow-parity-failure) and marked so. About 25 minutes with the runs
+# the fixed length NPU_LENGTH (an NPU needs fixed shapes): int16x8, which must
+# verify (bundle_npu), and int8, which does not hold parity
+# (docs/quantization.md), compiled unverified (--allow-parity-failure, its own
+# bundle_npu_int8) and marked so. About 25 minutes with the runs
 # present (LiteRT's int16 kernels verify MiniLM at 128 tokens in ~13).
 NPU_RUNS ?= runs/digits:int8,int16x8 runs/pronouns:int8,int16x8
 NPU_IMPORTED ?= runs/minilm
@@ -154,7 +155,8 @@ npu: install edge-venvs
 	done
 	test -f $(NPU_IMPORTED)/model.keras || $(PY) -m keras_mha.pretrained --out $(NPU_IMPORTED) --overwrite
 	test -f $(NPU_ENCODER)/model.keras || $(VENV)/bin/keras-mha-rescale $(NPU_IMPORTED) --out $(NPU_ENCODER) --alpha 0.5 --overwrite
-	$(PY) -m keras_mha_export $(NPU_ENCODER) --out $(NPU_ENCODER)/bundle_npu --quant int8,int16x8 --length $(NPU_LENGTH) --npu all --overwrite --allow-parity-failure
+	$(PY) -m keras_mha_export $(NPU_ENCODER) --out $(NPU_ENCODER)/bundle_npu --quant int16x8 --length $(NPU_LENGTH) --npu all --overwrite
+	$(PY) -m keras_mha_export $(NPU_ENCODER) --out $(NPU_ENCODER)/bundle_npu_int8 --quant int8 --length $(NPU_LENGTH) --npu all --overwrite --allow-parity-failure
 
 # Head analysis of the run `make demo` trained: importance, the pruning curve,
 # PRUNE_FRACTION of the heads removed, the rest refit by least squares

@@ -33,6 +33,8 @@ import numpy as np
 
 from edge_demo.contract.arrays import own_lengths
 
+from .convert import pack_aligned
+
 SIGNATURE = "serving_default"
 
 
@@ -68,7 +70,7 @@ def unique_names(model: bytes) -> bytes:
             if seen[name] > 1:
                 tensor.name = f"{name}#{seen[name]}".encode()
                 changed = True
-    return bytes(fu.convert_object_to_bytearray(root)) if changed else model
+    return pack_aligned(root, len(model)) if changed else model
 
 
 def _rows(model_path: str, samples: np.ndarray, pad_id: int | None) -> list[dict]:
@@ -76,9 +78,9 @@ def _rows(model_path: str, samples: np.ndarray, pad_id: int | None) -> list[dict
     from ai_edge_litert.interpreter import Interpreter
 
     detail = Interpreter(model_path=model_path).get_signature_runner(SIGNATURE).get_input_details()
-    ((name, _),) = detail.items()
+    ((name, spec),) = detail.items()
     samples = np.asarray(samples)
-    dtype = np.int32 if np.issubdtype(samples.dtype, np.integer) else np.float32
+    dtype = spec["dtype"]  # the float model's own input type: int32 ids or float32
     lengths = None if pad_id is None else own_lengths(samples, pad_id)
     return [
         {name: (x[None] if lengths is None else x[None, : int(lengths[i])]).astype(dtype)}
@@ -180,7 +182,8 @@ def integerize(model: bytes) -> bytes:
         if name(op) != "DEQUANTIZE":
             continue
         source, floats = op.inputs[0], op.outputs[0]
-        if graph.tensors[source].type == schema.TensorType.FLOAT32 or floats in graph.outputs:
+        integer = (schema.TensorType.INT8, schema.TensorType.INT16)
+        if graph.tensors[source].type not in integer or floats in graph.outputs:
             continue
         for user in users[floats]:
             if name(user) == "SHAPE":
@@ -193,7 +196,7 @@ def integerize(model: bytes) -> bytes:
     if not drop and not inlined:
         return model
     graph.operators = [op for op in graph.operators if id(op) not in drop]
-    return bytes(fu.convert_object_to_bytearray(root))
+    return pack_aligned(root, len(model))
 
 
 def _inline_buffers(root, model: bytes) -> bool:

@@ -383,12 +383,7 @@ def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
     signature.subgraphIndex = len(model.subgraphs)
     model.subgraphs.append(graph)
     model.signatureDefs.append(signature)
-
-    import flatbuffers
-
-    builder = flatbuffers.Builder(len(classifier) + len(attention))
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack_aligned(model, len(classifier) + len(attention))
 
 
 def _short_name(name: bytes) -> bytes:
@@ -407,6 +402,19 @@ def _as_aligned(buffer, aligned: type):
     copy = aligned()
     copy.data = buffer.data
     return copy
+
+
+def pack_aligned(model, size_hint: int) -> bytes:
+    """An unpacked model (the schema's `ModelT`) as flatbuffer bytes, every weight
+    buffer starting on `_BUFFER_ALIGNMENT` bytes (what TFLite's own writer does)."""
+    import flatbuffers
+
+    schema = _schema_module()
+    aligned = _aligned_buffer_type(schema)
+    model.buffers = [_as_aligned(b, aligned) for b in model.buffers]
+    builder = flatbuffers.Builder(size_hint)
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(builder.Output())
 
 
 def attention_signature(model: bytes) -> dict | None:
@@ -486,11 +494,4 @@ def without_view_signature(model: bytes) -> bytes:
     unpacked = schema.ModelT.InitFromObj(schema.Model.GetRootAs(bytearray(model), 0))
     unpacked.subgraphs = unpacked.subgraphs[:1]
     unpacked.signatureDefs = [s for s in unpacked.signatureDefs or [] if s.subgraphIndex == 0]
-    aligned = _aligned_buffer_type(schema)
-    unpacked.buffers = [_as_aligned(b, aligned) for b in unpacked.buffers]
-
-    import flatbuffers
-
-    builder = flatbuffers.Builder(len(model))
-    builder.Finish(unpacked.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
+    return pack_aligned(unpacked, len(model))

@@ -623,3 +623,21 @@ def test_an_archive_of_too_many_members_is_refused_before_zipfile_reads_its_dire
     monkeypatch.setattr(arrays.zipfile, "ZipFile", no_zipfile)
     with pytest.raises(UsageError, match="5000 members"):
         read_npz(buffer, ("x",), where="eval.npz")
+
+
+@pytest.mark.parametrize(
+    ("detail", "cannot_run"),
+    [
+        # TFLite Micro on an int16 REDUCE_MIN: a kernel it lacks, a verdict
+        ("TFLM invoke failed: Only float32 and int8 types are supported. Node REDUCE_MIN", True),
+        ("Didn't find op for builtin opcode 'GELU' version '1'", True),
+        ("Type INT16 (7) not supported.", True),
+        # not a missing kernel: a broken model stays a load error, named as such
+        ("the commonly used types are supported", False),
+        ("Invalid tensor index 99 in inputs", False),
+    ],
+)
+def test_the_probe_tells_a_missing_kernel_from_a_broken_model(detail, cannot_run):
+    from edge_demo.runtimes.probe import _UNSUPPORTED
+
+    assert bool(_UNSUPPORTED.search(detail)) is cannot_run

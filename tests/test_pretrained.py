@@ -469,11 +469,14 @@ def test_an_encoder_s_int16x8_is_full_integer_with_its_view(tiny_bundle, tmp_pat
                 assert graph.tensor(op.outputs[0]).dtype == "int16"
     # Against the float vectors, on a random encoder: measured on an AMD EPYC, min
     # cosine 0.99895, mean 0.99969 (int8 weights, each matmul ~0.5 % off, carry
-    # most of it; int16 activations add ~1e-4 a layer). 0.995 allows 5x the
-    # measured loss; a broken range or a float island would cost far more.
+    # most of it; int16 activations add ~1e-4 a layer). 0.995 and 0.999 allow 5x
+    # and 3x the measured losses; a broken range or a float island costs far more
+    # (a random encoder has no outliers for the LayerNorms to hide). Top-5 is
+    # the verification's own threshold.
     parity = entry.parity
     figure("tiny encoder int16x8 min cosine", parity.min_cosine, ">= 0.995")
-    assert parity.min_cosine >= 0.995 and parity.mean_cosine >= 0.999 and parity.top5 == 1.0
+    figure("tiny encoder int16x8 mean cosine", parity.mean_cosine, ">= 0.999")
+    assert parity.min_cosine >= 0.995 and parity.mean_cosine >= 0.999
 
 
 def test_an_encoder_s_int16x8_at_a_fixed_length_runs_on_a_u85_but_gelu(tiny_bundle, tmp_path):

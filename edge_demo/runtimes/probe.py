@@ -33,7 +33,7 @@ _TOP_PACKAGE = __package__.split(".")[0]  # edge_demo
 _UNSUPPORTED = re.compile(
     r"Didn't find op for builtin opcode|unsupported|not supported|only supports|unresolved custom op"
     r"|builtin_code out of range|Registration failed"
-    r"|only [\w, ]+ types? (?:are|is) supported",  # TFLM: "Only float32 and int8 types are ..."
+    r"|\bonly [\w, ]+ types? (?:are|is) supported",  # TFLM: "Only float32 and int8 types are ..."
     re.IGNORECASE,
 )
 # The directory holding edge_demo/: a runtime module inside
