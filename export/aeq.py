@@ -33,7 +33,8 @@ import numpy as np
 
 from edge_demo.contract.arrays import own_lengths
 
-from .convert import pack_aligned
+from .convert import _schema_module, pack_aligned
+from .graph import _enum_names
 
 SIGNATURE = "serving_default"
 
@@ -50,17 +51,15 @@ def available() -> bool:
     return True
 
 
-def _schema():
-    from ai_edge_litert import schema_py_generated as schema
-    from ai_edge_litert.tools import flatbuffer_utils
-
-    return schema, flatbuffer_utils
+def _unpack(model: bytes):
+    """The schema module and the model as its object tree (`ModelT`)."""
+    schema = _schema_module()
+    return schema, schema.ModelT.InitFromObj(schema.Model.GetRootAs(bytearray(model), 0))
 
 
 def unique_names(model: bytes) -> bytes:
     """The model with every repeated tensor name (per subgraph) given a `#k` suffix."""
-    schema, fu = _schema()
-    root = fu.convert_bytearray_to_object(bytearray(model))
+    _, root = _unpack(model)
     changed = False
     for graph in root.subgraphs:
         seen: collections.Counter = collections.Counter()
@@ -127,9 +126,8 @@ def integerize(model: bytes) -> bytes:
     EXPAND_DIMS on the integer tensor (a copy of it) and drops the QUANTIZE
     when its scale and zero point are the input's. Anything else is kept.
     """
-    schema, fu = _schema()
-    names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
-    root = fu.convert_bytearray_to_object(bytearray(model))
+    schema, root = _unpack(model)
+    names, _ = _enum_names()
     inlined = _inline_buffers(root, model)
     graph = root.subgraphs[0]
     codes = root.operatorCodes

@@ -126,15 +126,13 @@ def _versions(quantizer: bool = False) -> dict[str, str]:
         "python": platform.python_version(),
         "tool": TOOL,
     }
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import version
 
+    try:
         versions["ai_edge_litert"] = version("ai-edge-litert")
     except Exception:  # not installed: verification fell back to TensorFlow
         pass
     if quantizer:
-        from importlib.metadata import version
-
         versions["ai_edge_quantizer"] = version("ai-edge-quantizer")
     return versions
 
