@@ -298,10 +298,12 @@ def _add_data(staging: pathlib.Path, loaded: Source, draft: _Draft, log) -> None
         log(f"  note: {loaded.coref_note}")
     elif loaded.coref_head is not None:
         log(f"  {loaded.coref_head.caption()}")
-    if not loaded.has_blocks:
+    if loaded.attention_note is not None:
+        log(f"  note: {loaded.attention_note}")
+    if not loaded.has_attention:
         log(
-            "  note: the model has no keras_mha TransformerEncoderBlock, so the bundle has "
-            "no attention signature (the device's --view and attention parity need one)"
+            f"  note: {loaded.attention_problem}, so the bundle has no attention "
+            "signature (the device's --view and attention parity need one)"
         )
         return
     # The float model's own attention weights of the first eval samples, in float32
@@ -318,17 +320,17 @@ def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log
     """Each mode converted at batch 1 into `staging`, its graph checked (`convert_mode`)."""
     with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
         scratch = pathlib.Path(scratch)
-        models = saved_models(loaded.model, scratch, loaded.has_blocks, length=loaded.length)
+        models = saved_models(loaded.model, scratch, loaded.has_attention, length=loaded.length)
         int8_models = None
         if loaded.ranges is not None and "int8" in selected:
             int8_models = saved_models(
-                loaded.model, scratch, loaded.has_blocks, loaded.ranges, loaded.length
+                loaded.model, scratch, loaded.has_attention, loaded.ranges, loaded.length
             )
             log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
         int16_models = None
         if "int16x8" in selected and token_ids(loaded.calibration):  # ai-edge-quantizer's
             int16_models = saved_models(
-                loaded.model, scratch, loaded.has_blocks, length=loaded.length,
+                loaded.model, scratch, loaded.has_attention, length=loaded.length,
                 newton_steps=INT16_NEWTON_STEPS,
             )  # fmt: skip
         for mode in selected:

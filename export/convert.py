@@ -115,7 +115,8 @@ def write_attention_saved_model(
 ) -> None:
     """The classifier's attention weights (`attention_model`) as a batch-1 SavedModel.
 
-    Its outputs are named `attention_0`, `attention_1`, ... (one per block).
+    Its outputs are named `attention_0`, `attention_1`, ... (one per keras_mha
+    attention layer, in the order they run).
     """
     from keras_mha.model import attention_model
 

@@ -12,6 +12,7 @@ labels that do not match the classes, a vocabulary the device would refuse.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import io
 import os
@@ -78,6 +79,9 @@ class Source:
     # --length L: token ids padded to L and the model traced at (1, L) (`at_length`).
     length: int | None = None
     eval_bytes: bytes | None = None  # eval.npz as the bundle holds it (None: the file's)
+    # What export did to the model's attention (`on_our_layer`): converted to
+    # keras_mha's, or why it could not.
+    attention_note: str | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -90,10 +94,30 @@ class Source:
 
     @property
     def has_blocks(self) -> bool:
-        """Whether the model has keras_mha blocks, whose attention weights a bundle shows."""
+        """Whether the model has keras_mha blocks (which coreference heads are read from)."""
         from keras_mha.layers import TransformerEncoderBlock
 
         return any(isinstance(layer, TransformerEncoderBlock) for layer in self.model.layers)
+
+    @functools.cached_property
+    def attention_problem(self) -> str | None:
+        """Why the bundle cannot show the model's attention weights; None: it can
+        (`keras_mha.model.attention_model` builds on the model: keras_mha
+        attention layers, at any depth, each run once by its call)."""
+        from keras_mha.model import attention_model, attention_recorders
+
+        if not attention_recorders(self.model):
+            return "the model has no keras_mha MultiHeadAttention"
+        try:
+            attention_model(self.model, batch_size=1)
+        except Exception as error:  # a layer run twice, or whose own call never records
+            return f"its attention weights cannot be read ({one_line(error)})"
+        return None
+
+    @property
+    def has_attention(self) -> bool:
+        """Whether the bundle gets the attention signature (`attention_problem`)."""
+        return self.attention_problem is None
 
     @property
     def num_classes(self) -> int:
@@ -285,6 +309,7 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
     vocab = None if paths.vocab is None else Vocab.load(paths.vocab)
     model = load_keras_file(paths.model, import_modules)
     check_model_io(model, paths.model, num_classes)
+    model, note = on_our_layer(model)
     spec = model.inputs[0]
     shape, dtype = tuple(spec.shape[1:]), np.dtype(spec.dtype).name
     vocab_size = _vocab_size(model) if dtype.startswith("int") else None
@@ -295,7 +320,35 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
     ev = EvalData(arrays["x"], arrays["y"].astype(np.int64), arrays["probs"].astype(np.float32))
     task = get_task(Classification.name)  # explicit files: a classifier's
     own = {"labels": ("labels.json", labels_json(labels))}
-    return Source(files, model, calibration, ev, task, own, vocab, dataset=None)
+    source = Source(files, model, calibration, ev, task, own, vocab, dataset=None)
+    source.attention_note = note
+    return source
+
+
+def on_our_layer(model: keras.Model) -> tuple[keras.Model, str | None]:
+    """A model on `keras.layers.MultiHeadAttention` (a user's, a keras-hub
+    model's), converted to keras_mha's (`keras_mha.convert`), so that the
+    bundle can show its attention weights; and a line saying what was done.
+
+    The copy computes the same function: convert checks each replaced layer
+    against the original on a random input (equal to 1e-5), and the float32
+    model's parity with eval.npz's probs (the original's) checks the whole.
+    A model convert refuses is exported as it is, without the attention
+    signature, and the line says why. A model with none: unchanged, no line.
+    """
+    from keras_mha.conversion import convert, keras_attention_layers
+
+    found = keras_attention_layers(model)
+    if not found:
+        return model, None
+    try:
+        converted = convert(model)
+    except Exception as error:  # a layer convert refuses, or cannot copy
+        return model, f"its attention stays Keras's ({one_line(error)})"
+    return converted, (
+        f"its {len(found)} keras.layers.MultiHeadAttention converted to keras_mha's "
+        "(keras_mha.convert; outputs equal to 1e-5)"
+    )
 
 
 def load_source(

@@ -57,6 +57,11 @@ from keras_mha.attention_masks import (
 from keras_mha.attention_weights import PROJECTIONS, bias_of, kernel_of
 from keras_mha.qat import HOOK, point
 
+# A layer whose __dict__ holds a list under this name appends `(self, weights)`
+# to it on every call, the weights `(B, h, T, S)` it computed
+# (`keras_mha.model.attention_model`; not a tracked attribute, not in the config).
+ATTENTION_SINK = "_attention_sink"
+
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
 
 # Masked scores sit this far below the row's smallest score (see _masked_softmax).
@@ -344,6 +349,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # are not handed masked tensors (they would warn that they drop them).
         for x in (query, value, key):
             set_keras_mask(x, None)
+        sink = self.__dict__.get(ATTENTION_SINK)
         output, scores = self._attend(
             query=query,
             value=value,
@@ -353,8 +359,10 @@ class MultiHeadAttention(keras.layers.Layer):
             use_causal_mask=use_causal_mask,
             head_mask=head_mask,
             training=training,
-            return_attention_scores=return_attention_scores,
+            return_attention_scores=return_attention_scores or sink is not None,
         )
+        if sink is not None:  # recorded for the attention signature
+            sink.append((self, scores))
         if return_attention_scores:
             return output, scores
         return output

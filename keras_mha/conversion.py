@@ -84,7 +84,7 @@ def convert(model, implementation: str = "fused"):
             if _is_keras_attention(value):
                 _replace(parent, name, value, _converted(value, implementation))
                 replaced += 1
-    left = [layer for layer in copy._flatten_layers() if _is_keras_attention(layer)]
+    left = keras_attention_layers(copy)
     if left:
         raise ValueError(
             f"convert cannot reach '{left[0].name}' ({type(left[0]).__qualname__}): its layer "
@@ -104,6 +104,11 @@ def _attributes(layer) -> list[tuple[str, object]]:
     found = dict(vars(layer))
     found.update(vars(layer).get("_modules") or {})
     return list(found.items())
+
+
+def keras_attention_layers(model) -> list:
+    """The `keras.layers.MultiHeadAttention` layers (Keras's, not ours) in `model`, at any depth."""
+    return [layer for layer in model._flatten_layers(recursive=True) if _is_keras_attention(layer)]
 
 
 def _is_keras_attention(value) -> bool:

@@ -21,13 +21,10 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.attention import MultiHeadAttention
+from keras_mha.attention import ATTENTION_SINK, MultiHeadAttention
 from keras_mha.attention_masks import is_weight_mask
 from keras_mha.qat import HOOK, point
 
-# A block whose __dict__ holds a list under this name appends its attention
-# weights to it on every call (`keras_mha.model.attention_model`; not tracked).
-ATTENTION_SINK = "_attention_sink"
 # Masked mean pooling with a 0/1 float mask: padding's score below the kept
 # tokens' (0). Its weight is then e^-30 (1e-13) of a kept token's before it is
 # zeroed, so 1/n is exact to float32 for any length.
@@ -467,9 +464,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
             self._ffn_out_outliers.build(tuple(input_shape[:-1]) + (self.ffn_outliers,))
 
     def call(self, x, mask=None, training=None, head_mask=None, return_attention_scores=False):
-        # Scores only when asked (or recorded: keras_mha.model.attention_model);
-        # without them the fused attention may take ops.dot_product_attention
-        # on JAX and PyTorch.
+        # Scores only when asked; without them the fused attention may take
+        # ops.dot_product_attention on JAX and PyTorch. A block on Keras's layer
+        # records its weights itself (keras_mha.model.attention_model; ours
+        # records them in its own call).
         sink = self.__dict__.get(ATTENTION_SINK)
         scored = return_attention_scores or sink is not None
         if self.implementation == "keras":
@@ -489,7 +487,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
             )
         attended, scores = out if scored else (out, None)
         if sink is not None:
-            sink.append(scores)
+            sink.append((self, scores))
         # point(): where int8 rounds, when quantization-aware (keras_mha.qat)
         x = point(self, "attention_sum", x + self.attention_dropout(attended, training=training))
         x = self.attention_norm(x)

@@ -23,9 +23,8 @@ import keras
 import numpy as np
 
 from edge_demo.contract.attention import output_name
-from keras_mha.attention import MultiHeadAttention
+from keras_mha.attention import ATTENTION_SINK, MultiHeadAttention
 from keras_mha.layers import (
-    ATTENTION_SINK,
     MaskedMeanPooling,
     PositionalEncoding,
     TokenEmbedding,
@@ -202,14 +201,37 @@ def forward(model: keras.Model, x, head_masks=None, return_attention_scores=Fals
     return probs
 
 
+def attention_recorders(model: keras.Model) -> list[keras.layers.Layer]:
+    """The layers whose attention weights `attention_model` returns.
+
+    Every `keras_mha.MultiHeadAttention` in the model, at any depth (inside a
+    block, a keras-hub `TransformerEncoder`, a nested model: what
+    `keras_mha.convert` makes), and every `TransformerEncoderBlock` that still
+    holds Keras's own layer (`implementation="keras"`, not converted). Empty:
+    the model has none. (In no particular order: `attention_model` names them
+    in the order they run.)
+    """
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, MultiHeadAttention) or (
+            isinstance(layer, TransformerEncoderBlock)
+            and layer.implementation == "keras"
+            and not isinstance(layer.attention, MultiHeadAttention)  # converted: it records
+        ):
+            found.append(layer)
+    return found
+
+
 class _AttentionWeights(keras.layers.Layer):
-    """Runs a model and returns every block's attention weights.
+    """Runs a model and returns the attention weights of each of its attention layers.
 
     Holds the model itself (its layers and variables, not copies), so a model
-    built on it follows any later change of the weights. Any model made of
-    keras_mha blocks works (a classifier, a pretrained encoder): each block
-    appends the weights it computes to a list while the model runs
-    (`layers.ATTENTION_SINK`), in the order the blocks run.
+    built on it follows any later change of the weights. Any model with
+    keras_mha attention works (a classifier, a pretrained encoder, a Keras or
+    keras-hub model after `keras_mha.convert`): each layer of
+    `attention_recorders` appends `(itself, weights)` to a list while the model
+    runs (`attention.ATTENTION_SINK`); output `attention_i` is the weights of
+    the i-th of them to run (the lesson's layer i).
     """
 
     def __init__(self, classifier: keras.Model, **kwargs):
@@ -217,37 +239,50 @@ class _AttentionWeights(keras.layers.Layer):
         self.classifier = classifier
 
     def call(self, x):
-        blocks = encoder_blocks(self.classifier)
+        recorders = attention_recorders(self.classifier)
         sink: list = []
-        for block in blocks:
-            object.__setattr__(block, ATTENTION_SINK, sink)  # not a tracked attribute
+        for layer in recorders:
+            object.__setattr__(layer, ATTENTION_SINK, sink)  # not a tracked attribute
         try:
             self.classifier(x, training=False)
         finally:
-            for block in blocks:
-                block.__dict__.pop(ATTENTION_SINK, None)
-        if len(sink) != len(blocks):  # a block run twice, or blocks inside a nested model
+            for layer in recorders:
+                layer.__dict__.pop(ATTENTION_SINK, None)
+        order = {id(layer): i for i, layer in enumerate(recorders)}
+        runs = [order[id(layer)] for layer, _ in sink]
+        if sorted(runs) != list(range(len(recorders))):  # one ran twice, or never
+            missing = [recorders[i].name for i in range(len(recorders)) if i not in runs]
+            twice = sorted({recorders[i].name for i in runs if runs.count(i) > 1})
             raise ValueError(
-                f"Model {self.classifier.name!r} ran its {len(blocks)} keras_mha blocks "
-                f"{len(sink)} times; attention weights are read from a model whose blocks "
-                "each run once, at its top level."
+                f"Model {self.classifier.name!r} ran its {len(recorders)} keras_mha "
+                f"attention layers {len(runs)} times"
+                + (f" ({', '.join(twice)} more than once)" if twice else "")
+                + (f" ({', '.join(missing)} never)" if missing else "")
+                + "; attention weights are read from a model whose attention layers "
+                "each run once in its call."
             )
-        return {output_name(i): s for i, s in enumerate(sink)}  # each (B, h, T, S)
+        return {output_name(i): scores for i, (_, scores) in enumerate(sink)}  # (B, h, T, S)
 
 
 def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Model:
-    """A model from the classifier's input to the attention weights of every head.
+    """A model from the model's input to the attention weights of every head.
 
-    Shares the classifier's weights (no copy). Its output is a dict in layer
-    order, `{"attention_0": (B, h_0, T, T), "attention_1": ...}`, equal to
-    `forward(model, x, return_attention_scores=True)[1]` with dropout off
-    (for a pretrained encoder, `encoder_forward`'s). The whole model runs
-    in its graph, but only what the weights depend on is kept when it is
-    converted: the TFLite attention signature ends at the last block's
-    softmax, so it converts with builtin ops only and an integer model keeps
-    it integer (softmax outputs have a fixed scale).
+    Shares the model's weights (no copy). Its output is a dict of each
+    attention layer's weights in the order they run, `{"attention_0": (B,
+    h_0, T, S), ...}`; for our classifier, equal to `forward(model, x, return_attention_scores=True)[1]`
+    with dropout off (for a pretrained encoder, `encoder_forward`'s). The
+    whole model runs in its graph, but only what the weights depend on is
+    kept when it is converted: the TFLite attention signature ends at the
+    last layer's softmax, so it converts with builtin ops only and an integer
+    model keeps it integer (softmax outputs have a fixed scale).
     """
-    encoder_blocks(model)  # a clear error for a model without keras_mha blocks
+    if not attention_recorders(model):
+        raise ValueError(
+            f"Model {model.name!r} has no keras_mha MultiHeadAttention; expected a model "
+            "built on keras_mha's layer (keras_mha.build_classifier, "
+            "keras_mha.pretrained.load, or keras_mha.convert(model) for a model on "
+            "keras.layers.MultiHeadAttention)."
+        )
     if batch_size is not None and (
         isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0
     ):

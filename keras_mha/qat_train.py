@@ -148,6 +148,7 @@ def distill_encoder(run_dir, out, *, overwrite=False, log=print, **settings) -> 
         (pathlib.Path(run.path) / "tokenizer.json").read_bytes(),
         overwrite=overwrite,
         extra={"ranges.json": ranges_json},
+        y=run.gold_labels,
     )
     return report
 

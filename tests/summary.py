@@ -33,7 +33,10 @@ LINES = [
     ("  of which TFLite Micro", MAIN, "tflite-micro"),
     *((f"keras suite, {b}", f"keras-suite-{b}.xml", None) for b in ("tensorflow", "jax", "torch")),
     *((f"layer tests, {b}", f"layer-tests-{b}.xml", None) for b in ("jax", "torch")),
-    ("keras-hub suite, tensorflow", "keras-hub-suite-tensorflow.xml", None),
+    *(
+        (f"keras-hub suite, {b}", f"keras-hub-suite-{b}.xml", None)
+        for b in ("tensorflow", "jax", "torch")
+    ),
 ]
 
 

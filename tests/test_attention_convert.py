@@ -250,3 +250,73 @@ def test_keras_hub_cached_generation_gives_the_same_tokens():
     got = npy(converted.generate(prompt, stop_token_ids=None)["token_ids"])
     np.testing.assert_array_equal(got, want)
     assert (want[0, 3:] != 0).all()  # it generated to the end
+
+
+# ------------------------------------------------- attention weights, any model
+def hub_classifier(seed=5):
+    """keras-io's text classifier: keras-hub's token and position embedding,
+    two TransformerEncoders (on keras.layers.MultiHeadAttention), pooling."""
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((6,), dtype="int32")
+    x = keras_hub.layers.TokenAndPositionEmbedding(20, 6, 8, mask_zero=True)(tokens)
+    for i in range(2):
+        x = keras_hub.layers.TransformerEncoder(16, num_heads=2, name=f"encoder_{i}")(x)
+    x = keras.layers.GlobalAveragePooling1D()(x)
+    return keras.Model(tokens, keras.layers.Dense(3, activation="softmax")(x))
+
+
+@needs_hub
+def test_attention_model_reads_a_converted_keras_hub_model():
+    """The attention signature's model (keras_mha.model.attention_model) on a
+    model the user built with keras-hub: after convert, every encoder's
+    weights, equal to those Keras's own layer computes in the original."""
+    from keras_mha.model import attention_model, attention_recorders
+
+    original = hub_classifier()
+    converted = keras_mha.convert(original)
+    assert [layer.name for layer in attention_recorders(original)] == []
+    assert len(attention_recorders(converted)) == 2
+    outputs = attention_model(converted, batch_size=None)(TOKENS)
+    assert list(outputs) == ["attention_0", "attention_1"]
+    # The weights Keras's own layer computes in the original model, as it runs
+    # (its call wrapped for the test to return them too).
+    recorded = []
+    for i in range(2):
+        keras_layer = original.get_layer(f"encoder_{i}")._self_attention_layer
+
+        def recording(*args, _call=keras_layer.call, **kwargs):
+            output, scores = _call(*args, **{**kwargs, "return_attention_scores": True})
+            recorded.append(scores)
+            return output
+
+        keras_layer.call = recording
+    original(TOKENS)
+    assert len(recorded) == 2
+    for i, want in enumerate(recorded):
+        got = outputs[f"attention_{i}"]
+        assert tuple(got.shape) == (2, 2, 6, 6)
+        assert_close(got, want)
+    assert float(np.abs(npy(outputs["attention_0"])[0, :, :, 4:]).max()) == 0.0  # padded keys
+    left = [layer.name for layer in converted._flatten_layers() if "_attention_sink" in vars(layer)]
+    assert left == []
+
+
+def test_attention_model_reads_nested_models_and_refuses_none():
+    """Attention inside a nested model is found; a model without ours is one line."""
+    from keras_mha.model import attention_model
+
+    inner = keras_classifier()
+    tokens = keras.Input((None,), dtype="int32")
+    outer = keras.Model(tokens, inner(tokens))
+    with pytest.raises(ValueError, match="has no keras_mha MultiHeadAttention.*keras_mha.convert"):
+        attention_model(outer, batch_size=None)
+    converted = keras_mha.convert(outer)
+    weights = attention_model(converted, batch_size=None)(TOKENS)["attention_0"]
+    _, want = keras_mha.convert(inner).get_layer("mha")(
+        inner.layers[1](TOKENS), inner.layers[1](TOKENS),
+        attention_mask=(TOKENS != 0)[:, None, :], return_attention_scores=True,
+    )  # fmt: skip
+    assert tuple(weights.shape) == (2, 4, 6, 6)
+    assert_close(weights, want)

@@ -251,8 +251,9 @@ def test_attention_model_matches_forward_and_shares_weights():
 
 @pytest.mark.parametrize("implementation", ["per_head", "keras"])
 def test_attention_model_reads_every_block_implementation(implementation):
-    """Each block records its weights while the model runs (layers.ATTENTION_SINK),
-    with keras_mha's layer and with Keras's own (`implementation="keras"`)."""
+    """Each attention layer records its weights while the model runs
+    (attention.ATTENTION_SINK): keras_mha's layer, and a block on Keras's own
+    (`implementation="keras"`)."""
     import keras
 
     from keras_mha.model import ModelConfig, attention_model, build_classifier, forward
@@ -266,7 +267,8 @@ def test_attention_model_reads_every_block_implementation(implementation):
     assert list(outputs) == ["attention_0", "attention_1"]
     for name, expected in zip(outputs, scores, strict=True):
         np.testing.assert_allclose(np.asarray(outputs[name]), np.asarray(expected), atol=1e-6)
-    assert not any("_attention_sink" in vars(b) for b in model.layers)  # nothing left behind
+    left = [layer.name for layer in model._flatten_layers() if "_attention_sink" in vars(layer)]
+    assert left == []  # nothing left behind
 
 
 def test_attention_model_refuses_a_model_that_runs_a_block_twice():
@@ -278,7 +280,10 @@ def test_attention_model_refuses_a_model_that_runs_a_block_twice():
     inputs = keras.Input((6, 8))
     block = TransformerEncoderBlock(num_heads=2, ff_dim=8, name="transformer_layer_0")
     model = keras.Model(inputs, block(block(inputs)))  # one block, run twice
-    with pytest.raises(ValueError, match="ran its 1 keras_mha blocks 2 times"):
+    with pytest.raises(
+        ValueError,
+        match=r"ran its 1 keras_mha attention layers 2 times \(attention more than once\)",
+    ):
         attention_model(model, batch_size=None)
 
 
@@ -477,3 +482,38 @@ def test_tflite_runtime_214_float16_of_a_trained_model(digits_run, tmp_path):
     assert not entry["single"].startswith(("load:", "run:")), entry["single"]
     assert entry["single"] == entry["both"]
     assert isinstance(entry["view"], list), entry["view"]
+
+
+def test_attention_model_names_layers_in_the_order_they_run_at_any_depth():
+    """Our classifier nested in another model (Keras lists a nested model's
+    layers last first): attention_0 is still the first block's; and a block
+    on Keras's layer, converted to ours, is read once, through our layer."""
+    import keras
+
+    import keras_mha
+    from keras_mha.model import (
+        ModelConfig,
+        attention_model,
+        attention_recorders,
+        build_classifier,
+        forward,
+    )
+
+    keras.utils.set_random_seed(3)
+    config = ModelConfig(d_model=16, num_heads=[2, 4], num_layers=2, ff_dim=16, dropout=0.0)
+    x = np.random.default_rng(3).uniform(0, 1, (3, 8, 8)).astype("float32")
+    for implementation in ("fused", "keras"):
+        inner = build_classifier(dataclasses.replace(config, implementation=implementation))
+        inputs = keras.Input((8, 8))
+        outer = keras.Model(inputs, inner(inputs))
+        if implementation == "keras":
+            outer = keras_mha.convert(outer)
+            inner = outer.layers[1]
+        assert len(attention_recorders(outer)) == 2
+        outputs = attention_model(outer, batch_size=None)(x)
+        _, scores = forward(inner, x, return_attention_scores=True)
+        assert [tuple(outputs[f"attention_{i}"].shape)[1] for i in range(2)] == [2, 4]
+        for i, expected in enumerate(scores):
+            np.testing.assert_allclose(
+                np.asarray(outputs[f"attention_{i}"]), np.asarray(expected), atol=1e-6
+            )

@@ -159,6 +159,15 @@ def test_the_fine_tuned_run_exports_and_the_device_prints_its_label(topics_run, 
     assert done.returncode == 0, done.stderr
     row = next(line for line in done.stdout.splitlines() if line.startswith("float32"))
     assert row.split()[1] == "cooking", row
+    # The held-out gold labels are in the bundle: its float accuracy is the
+    # run's, each mode is scored on them, and the device names sample 0's label.
+    assert manifest.eval.float_accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-12)
+    assert manifest.models["float32"].parity.accuracy == manifest.eval.float_accuracy
+    with np.load(root / "run" / "eval.npz") as ev:
+        gold = metrics["config"]["labels"][int(ev["y"][0])]
+    done = _edge(tmp_path / "bundle", "--quant", "float32", "--sample", "0")
+    assert done.returncode == 0, done.stderr
+    assert f"sample 0 of {metrics['test_size']} in eval.npz: label {gold!r}" in done.stdout
 
 
 @pytest.mark.slow

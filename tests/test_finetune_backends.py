@@ -67,4 +67,10 @@ def test_fine_tuning_runs_on_this_backend_and_exports_on_tensorflow(
     manifest = export_bundle(run, tmp_path / "bundle", "float32", log=lambda line: None)
     assert manifest.verified == ["float32"], manifest.failed
     assert manifest.eval.task == "text-classification"
-    assert manifest.models["float32"].parity.max_abs_diff <= 1e-5
+    float32 = manifest.models["float32"].parity
+    assert float32.max_abs_diff <= 1e-5
+    # The held-out gold labels travel with the run: the bundle's float accuracy
+    # is the run's test accuracy (the same probabilities, the same labels), and
+    # float32, agreeing on every row, scores the same on them.
+    assert manifest.eval.float_accuracy == pytest.approx(metrics["test_accuracy"], abs=1e-12)
+    assert float32.agreement == 1.0 and float32.accuracy == manifest.eval.float_accuracy

@@ -271,8 +271,7 @@ def test_keras_hub_suite_needs_its_swap_test(tmp_path):
 
 def test_the_minimums_are_far_above_nothing():
     for suite, backends in run.MIN_PASSED.items():
-        expected = {"tensorflow"} if suite == "keras-hub suite" else set(run.VENVS)
-        assert set(backends) == expected, suite
+        assert set(backends) == set(run.VENVS), suite  # every suite on every backend
         assert min(backends.values()) >= 40, suite
 
 
@@ -345,3 +344,26 @@ def test_make_browser_stops_a_strict_run_when_chromium_cannot_be_installed(tmp_p
     ), proc.stderr
     then = "a strict run stops here" if strict == "1" else "browser tests will skip"
     assert then in proc.stderr.splitlines()[0]
+
+
+def test_keras_hub_beside_tensorflow_only_where_the_shared_packages_match(monkeypatch):
+    """keras-hub's suite on JAX and PyTorch imports TensorFlow from its venv:
+    only where Python and the packages both load (`run.SHARED`) are the same."""
+    same = {"python": "3.11", "site": "/tf/site-packages"}
+    same.update({name: "1.0" for name in run.SHARED})
+    described = {"jax": same, "tf": same}
+    monkeypatch.setattr(run, "_python", lambda backend, venvs: (pathlib.Path("tf"), ""))
+    monkeypatch.setattr(run, "_describe_venv", lambda python: described[python.name])
+    start, why = run._beside_tensorflow(pathlib.Path("jax"), run.VENVS)
+    assert why == "" and start[0] == "-c" and "site.addsitedir('/tf/site-packages')" in start[1]
+    described["jax"] = {**same, "numpy": "2.5.0", "python": "3.12"}
+    start, why = run._beside_tensorflow(pathlib.Path("jax"), run.VENVS)
+    assert start == [] and why == (
+        "TensorFlow's venv differs: python 3.12 here, 3.11 beside TensorFlow; "
+        "numpy 2.5.0 here, 1.0 beside TensorFlow"
+    )
+    monkeypatch.setattr(run, "_python", lambda backend, venvs: (None, ".venv is missing"))
+    assert run._beside_tensorflow(pathlib.Path("jax"), run.VENVS) == (
+        [],
+        "keras-hub's test helpers need TensorFlow: .venv is missing",
+    )

@@ -74,3 +74,54 @@ def test_the_device_table_takes_the_tasks_columns():
     assert header[2:4] == ["min", "cos"] and "accuracy" not in header
     header = parity_table([result]).splitlines()[0].split()
     assert header[2:4] == ["accuracy", "agreement"] and "cos" not in header
+    # a text classifier: accuracy only when its eval has labels (a fine-tuned one's)
+    text = tasks.TASKS["text-classification"]
+    header = parity_table([result], task=text).splitlines()[0].split()
+    assert header[2] == "agreement" and "accuracy" not in header
+    header = parity_table([result], task=text, labelled=True).splitlines()[0].split()
+    assert header[2:4] == ["accuracy", "agreement"]
+
+
+def _text_eval(y=None):
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]], np.float32)
+    ids = np.array([[101, 7, 102, 0], [101, 8, 9, 102], [101, 5, 102, 0]], np.int32)
+    return tasks.TASKS["text-classification"].check_eval(
+        {"x": ids, "probs": probs, **({} if y is None else {"y": y})}, "eval.npz"
+    )
+
+
+def test_a_text_classifier_takes_held_out_labels_when_it_has_them():
+    """An imported checkpoint's classifier has no labels (judged against the
+    float model only); one fine-tuned on the user's labels carries its held-out
+    gold labels: eval.npz's y, the manifest's float_accuracy, each mode's accuracy."""
+    from edge_demo.contract.entries import EvalSpec
+    from edge_demo.contract.fields import Fields
+    from edge_demo.errors import UsageError
+
+    task = tasks.TASKS["text-classification"]
+    bare, labelled = _text_eval(), _text_eval(np.array([0, 2, 2]))
+    assert not bare.labelled and task.float_accuracy(bare) is None
+    assert labelled.labelled and task.float_accuracy(labelled) == pytest.approx(2 / 3)
+    # the same outputs: the same agreement; the labels add an accuracy
+    assert math.isnan(task.measure(bare.probs, bare).accuracy)
+    parity = task.measure(labelled.probs[:, [0, 2, 1]], labelled)  # rows 2 and 3 swap classes
+    assert parity.agreement == pytest.approx(1 / 3) and parity.accuracy == pytest.approx(2 / 3)
+    assert "accuracy 0.6667 (float 0.6667)" in task.figures(parity, 2 / 3)
+    assert "accuracy" not in task.figures(parity, None)
+    # The manifest says whether eval.npz holds y: the device reads it only then.
+    spec = EvalSpec("eval.npz", "0" * 64, 3, (3, 4), "int32", 3, None, task.name)
+    assert set(task.eval_arrays(spec)) == {"x", "probs"}
+    spec = dataclasses.replace(spec, float_accuracy=2 / 3)
+    assert set(task.eval_arrays(spec)) == {"x", "probs", "y"}
+    fields = Fields("manifest.json")
+    assert task.read_accuracy(fields, {"float_accuracy": 0.5}) == 0.5
+    assert task.read_accuracy(fields, {}) is None
+    with pytest.raises(UsageError, match="float_accuracy.*finite number"):
+        task.read_accuracy(fields, {"float_accuracy": "high"})
+    for y, fragment in (
+        (np.array([0, 3, 1]), "y has labels outside 0..2"),
+        (np.array([0, 1]), r"y must be integer labels of shape \[3\]"),
+        (np.array([0.0, 1.0, 1.0]), "y must be integer labels"),
+    ):
+        with pytest.raises(UsageError, match=fragment):
+            _text_eval(y)

@@ -124,7 +124,7 @@ def write_view(
         "mode": mode,
         "notes": notes,
         "true_label": labels[int(bundle.eval.y[sample])]
-        if sample is not None and bundle.task.labelled
+        if sample is not None and bundle.eval.labelled
         else None,
         "named_head": None if coref is None else (coref.layer, coref.head),
         "named_head_caption": None if coref is None else coref.caption(),
@@ -161,6 +161,16 @@ def write_view(
             title=f'{mode}: "{sentence}"',
             dropped=dropped,
             initial_query=initial_query(tokens),
+            **common,
+        )
+    elif x.ndim == 1 and x.dtype.kind in "iu":  # a user's token-id model, no vocabulary
+        tokens = [f"#{int(i)}" for i in x]
+        notes.append("token ids without a vocabulary (export with --vocab to see the words)")
+        data = ViewData(
+            tokens=tokens,
+            input_kind="text",
+            text=" ".join(tokens),
+            title=f"{mode}: eval sample {sample}" if sample is not None else mode,
             **common,
         )
     else:

@@ -52,20 +52,24 @@ _COLUMNS = [
 ]
 
 
-def _columns(task: Task) -> list:
+def _columns(task: Task, labelled: bool = False) -> list:
     """The task's own figures first (tasks/: `Task.columns`), then the classifier's
-    columns it has a figure for."""
+    columns it has a figure for (`labelled`: the eval has labels, so accuracy too)."""
     own = [(c.header, _cell(c.field, c.fmt), c.narrow) for c in task.columns]
-    return own + [c for c in _COLUMNS if c[0] not in task.drops]
+    drops = set(task.drops) - ({"accuracy"} if labelled else set())
+    return own + [c for c in _COLUMNS if c[0] not in drops]
 
 
 def _cell(field: str, fmt: str):
     return lambda r: _fmt(getattr(r, field), fmt)
 
 
-def parity_table(results: list[ModeResult], wide: bool = False, task: Task = DEFAULT) -> str:
-    """The per-mode parity table (`wide`: every column), then one line per skip or failure."""
-    columns = _columns(task)
+def parity_table(
+    results: list[ModeResult], wide: bool = False, task: Task = DEFAULT, labelled: bool = False
+) -> str:
+    """The per-mode parity table (`wide`: every column), then one line per skip or
+    failure. `labelled`: the eval data has labels (a fine-tuned text classifier's)."""
+    columns = _columns(task, labelled)
     columns = [c for c in columns if wide or c[2]]
     headers = ["mode", "result", *(header for header, _, _ in columns)]
     rows, notes = [], []

@@ -85,7 +85,7 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
         for mode, skipped in plan.items()
     ]
     print()
-    print(parity_table(results, wide=options.wide, task=bundle.task))
+    print(parity_table(results, wide=options.wide, task=bundle.task, labelled=bundle.eval.labelled))
     ran = [r for r in results if r.status != "skipped"]
     failed = [r.mode for r in ran if not r.passed]
     skipped = len(results) - len(ran)
@@ -174,13 +174,15 @@ def run_sample(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
     """`--sample N`: show eval sample N, its label and each mode's prediction."""
     i = options.sample
     x, reference = bundle.eval.x[i], bundle.eval.probs[i]
-    label = f": label {bundle.labels[int(bundle.eval.y[i])]!r}" if bundle.task.labelled else ""
+    label = f": label {bundle.labels[int(bundle.eval.y[i])]!r}" if bundle.eval.labelled else ""
     print(f"\nsample {i} of {bundle.manifest.eval.samples} in eval.npz{label}")
     if bundle.tokenizer is not None:  # the eval sentence, at its own length
         print(f'text: "{shown(bundle.texts[i], 500)}"')
         x = x[: int(EdgeModel.own_lengths(x[None], bundle.pad_id)[0])]
     elif bundle.vocab is not None:
         print(f'text: "{" ".join(bundle.vocab.decode(x))}"')
+    elif x.ndim == 1 and x.dtype.kind in "iu":  # token ids without a vocabulary
+        print(f"token ids: {' '.join(str(int(i)) for i in x)}")
     else:
         print(render_features(x))
     best = int(reference.argmax())

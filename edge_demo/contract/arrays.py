@@ -77,8 +77,10 @@ def read_npz(
     where: str | os.PathLike | None = None,
     max_member_bytes: int | dict[str, int] = DEFAULT_MEMBER_BYTES,
     max_total_bytes: int | None = None,
+    optional: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
-    """The arrays `keys` of an `.npz` (a path or an open binary file), no pickles.
+    """The arrays `keys` of an `.npz` (a path or an open binary file), no pickles;
+    and those of `optional` it holds.
 
     Read with zipfile, never `np.load` on the archive: every member must be a
     `.npy` file; each wanted member's declared size must be at most
@@ -91,7 +93,7 @@ def read_npz(
     """
     where = source if where is None else where
     try:
-        return _read_npz(source, keys, where, max_member_bytes, max_total_bytes)
+        return _read_npz(source, keys, where, max_member_bytes, max_total_bytes, optional)
     except UsageError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError, zlib.error,
@@ -128,7 +130,9 @@ def _count_members(source, where) -> None:
         raise UsageError(f"has {count} members; an .npz of arrays has a few", where)
 
 
-def _read_npz(source, keys, where, max_member_bytes, max_total_bytes) -> dict[str, np.ndarray]:
+def _read_npz(
+    source, keys, where, max_member_bytes, max_total_bytes, optional=()
+) -> dict[str, np.ndarray]:
     if not zipfile.is_zipfile(source):
         raise UsageError("not a readable .npz file (not a zip archive)", where)
     _count_members(source, where)  # 0xFFFF (zip64): zipfile's count, checked next
@@ -156,7 +160,7 @@ def _read_npz(source, keys, where, max_member_bytes, max_total_bytes) -> dict[st
             )
         arrays = {}
         total = 0
-        for key in keys:
+        for key in (*keys, *(k for k in optional if k in by_name and k not in keys)):
             info = by_name[key]
             limit = (
                 max_member_bytes.get(key, DEFAULT_MEMBER_BYTES)
@@ -357,12 +361,19 @@ def check_eval(
 
 
 def check_text_eval(
-    x: np.ndarray, probs: np.ndarray, where: str | os.PathLike, pad_id: int = 0
+    x: np.ndarray,
+    probs: np.ndarray,
+    where: str | os.PathLike,
+    pad_id: int = 0,
+    y: np.ndarray | None = None,
 ) -> EvalData:
-    """A text classifier's `eval.npz` without labels: token ids `x (N, T)` (padded
-    with `pad_id`) and the float model's class probabilities `probs (N, C)`. Its y
-    is the float model's own top-1 class (`labelled` False: no accuracy)."""
+    """A text classifier's `eval.npz`: token ids `x (N, T)` (padded with `pad_id`),
+    the float model's class probabilities `probs (N, C)` and, for a classifier
+    fine-tuned on the user's labels, its held-out gold labels `y (N,)`. Without
+    y, y is the float model's own top-1 class (`labelled` False: no accuracy)."""
     n = check_token_ids(x, where, pad_id)
+    if y is not None:
+        return check_eval(x, y, probs, where)
     if probs.ndim != 2 or probs.shape[0] != n:
         raise UsageError(
             f"probs must be float of shape [{n}, classes], got {_describe(probs)}", where

@@ -55,6 +55,7 @@ def write_pruned_run(run, pruned, out, pruning: dict, overwrite: bool = False, v
         list(run.texts),
         (pathlib.Path(run.path) / "tokenizer.json").read_bytes(),
         overwrite=overwrite,
+        y=run.gold_labels,
     )
 
 

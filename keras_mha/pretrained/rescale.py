@@ -289,6 +289,7 @@ def rescale_run(
         list(run.texts),
         (pathlib.Path(run.path) / "tokenizer.json").read_bytes(),
         overwrite=overwrite,
+        y=run.gold_labels,
     )
     after_ranges = norm_ranges(rescaled, run.calibration)
     for old, new in zip(ranges, after_ranges):

@@ -7,7 +7,8 @@
       metrics.json     {"task", "dataset", "seed", "config", "max_length", "source"}
       eval.npz         x (N, T) int32 token ids, padded with the config's pad_token_id;
                        the model's outputs under the task's name: embeddings (N, d) or
-                       probs (N, C)
+                       probs (N, C); a classifier fine-tuned on the user's labels
+                       (keras-mha-train --from) also y (N,), the held-out gold labels
       calibration.npz  x (M, T') token ids (int8 calibration)
       texts.json       the eval sentences, one per row of x (a cross-encoder:
       pairs.json       the eval (query, passage) pairs, in groups of one query)
@@ -93,6 +94,12 @@ class EmbeddingRun:
         return str(self.metrics.get("dataset", "corpus"))
 
     @property
+    def gold_labels(self) -> np.ndarray | None:
+        """The eval rows' gold labels (a classifier fine-tuned on the user's labels:
+        its held-out split), None without; a run derived from this one keeps them."""
+        return self.eval.y if self.eval.labelled else None
+
+    @property
     def eval_data(self) -> EvalData:
         return self.eval
 
@@ -169,7 +176,9 @@ def _config(run: pathlib.Path, metrics: object):
     return config
 
 
-def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes):
+def _check(
+    run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tokenizer_bytes, y=None
+):
     config = _config(run, metrics)
     task = task_for(config)
     max_length = metrics.get("max_length")
@@ -178,7 +187,8 @@ def _check(run: pathlib.Path, metrics: dict, x, vectors, calibration, texts, tok
             f"max_length must be an integer from 2 to {config.max_length}, got {max_length!r}",
             run / "metrics.json",
         )
-    ev = task.check_eval({"x": x, task.output: vectors}, run / "eval.npz", config.pad_token_id)
+    given = {"x": x, task.output: vectors, **({} if y is None else {"y": y})}
+    ev = task.check_eval(given, run / "eval.npz", config.pad_token_id)
     if vectors.shape[1] != _width(config):
         raise UsageError(
             f"{task.output} have {vectors.shape[1]} values per row; the config has "
@@ -230,9 +240,10 @@ def read_embedding_run(path: str | os.PathLike) -> EmbeddingRun:
     except OSError as error:
         raise UsageError(f"cannot read it ({error})", run / name) from None
     output = task_for(config).output
-    ev = arrays.read_npz(run / "eval.npz", ("x", output))
+    labels = ("y",) if config.labels else ()  # a fine-tuned classifier's held-out labels
+    ev = arrays.read_npz(run / "eval.npz", ("x", output), optional=labels)
     calibration = arrays.read_npz(run / "calibration.npz", ("x",))["x"]
-    return _check(run, metrics, ev["x"], ev[output], calibration, texts, tokenizer)
+    return _check(run, metrics, ev["x"], ev[output], calibration, texts, tokenizer, ev.get("y"))
 
 
 def write_embedding_run(
@@ -246,21 +257,27 @@ def write_embedding_run(
     tokenizer_bytes: bytes,
     overwrite: bool = False,
     extra: dict[str, bytes] | None = None,
+    y: np.ndarray | None = None,
 ) -> EmbeddingRun:
     """Check everything as `read_embedding_run` would, then write the run whole
-    (with `extra` files: name -> bytes, e.g. keras_mha.qat's ranges.json)."""
+    (with `extra` files: name -> bytes, e.g. keras_mha.qat's ranges.json; `y`:
+    a classifier's gold labels of the eval rows, its held-out split)."""
     out = check_out(out, overwrite)
     from keras_mha.pretrained.config import BertConfig
 
     task = task_for(BertConfig.from_dict(metrics.get("config"), "metrics.json"))
     metrics = {**metrics, "task": task.name}
-    run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes)
+    run = _check(out, metrics, x, vectors, calibration, list(texts), tokenizer_bytes, y)
     staging = staging_dir(out)
     try:
         model.save(staging / "model.keras")
         (staging / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        labels = {} if y is None else {"y": run.eval.y}
         np.savez(
-            staging / "eval.npz", x=x.astype(np.int32), **{task.output: vectors.astype(np.float32)}
+            staging / "eval.npz",
+            x=x.astype(np.int32),
+            **{task.output: vectors.astype(np.float32)},
+            **labels,
         )
         np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
         if run.config.score_activation:

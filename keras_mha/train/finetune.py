@@ -345,6 +345,7 @@ def finetune(
         [data.texts[i] for i in test],
         encoder.checkpoint.tokenizer_file.read_bytes(),
         overwrite=overwrite,
+        y=y[test],  # the held-out gold labels: export and the device report accuracy on them
     )
     return metrics
 

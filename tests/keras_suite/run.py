@@ -1,7 +1,7 @@
 """Run the layer's tests and Keras's own MultiHeadAttention tests on every backend.
 
-    python tests/keras_suite/run.py            # Keras's suite on all three, layer tests on JAX, torch,
-                                               # keras-hub's on TensorFlow
+    python tests/keras_suite/run.py            # Keras's and keras-hub's suites on all three,
+                                               # layer tests on JAX, torch
     python tests/keras_suite/run.py --layer-tests-on-tensorflow   # also the TF layer tests
     python tests/keras_suite/run.py --bench    # benchmarks/bench_attention.py on each backend
 
@@ -23,6 +23,7 @@ The main `pytest` run already covers the layer tests on TensorFlow.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import subprocess
@@ -37,8 +38,14 @@ from summary import cases, counts, outcome  # noqa: E402
 VENVS = {"tensorflow": ".venv", "jax": ".venv-jax", "torch": ".venv-torch"}
 KERAS_SUITE = ["tests/keras_suite/keras_suite.py"]
 # keras-hub's tests of the layers and models built on MultiHeadAttention
-# (tests/keras_hub_suite/README.md); TensorFlow only: keras-hub's test
-# helpers import it, and the JAX and PyTorch venvs have none by design.
+# (tests/keras_hub_suite/README.md). keras-hub's test helpers import
+# TensorFlow, which the JAX and PyTorch venvs have none of by design (they
+# prove the layer needs none): there the suite runs with the TensorFlow venv's
+# site-packages appended to sys.path (`_beside_tensorflow`), after the venv's
+# own, so Keras, the backend and numpy are still the venv's. TensorFlow's
+# compiled packages then load beside that venv's numpy and ml_dtypes: the
+# suite runs only where Python's version and those packages' (`SHARED`) are
+# the same in both venvs, else it is reported as not run, with the reason.
 KERAS_HUB_SUITE = sorted(
     str(p.relative_to(REPO))
     for p in (REPO / "tests" / "keras_hub_suite").glob("*.py")
@@ -51,13 +58,13 @@ SWAP_TEST = "test_the_class_under_test_is_keras_mha"  # keras_suite.py: the clas
 # on TensorFlow (its 2 flash tests skip there, as for Keras's own layer) and
 # 51 on JAX and PyTorch, SWAP_TEST included; our layer tests 214 on TF and JAX,
 # 213 on PyTorch (docs/layer.md; Intel Xeon, 2026-12); keras-hub's 60 on
-# TensorFlow (keras-hub 0.32.0, AMD EPYC, 2026-12). A few below, so a Keras
+# TensorFlow, 61 on JAX, 60 on PyTorch (keras-hub 0.32.0, AMD EPYC, 2026-12). A few below, so a Keras
 # release that drops or renames a test or two does not fail the run; far above
 # 0, so a suite that silently collects or skips some of its tests does. Raise
 # them with the counts.
 MIN_PASSED = {
     "keras suite": {"tensorflow": 45, "jax": 47, "torch": 47},
-    "keras-hub suite": {"tensorflow": 55},
+    "keras-hub suite": {"tensorflow": 55, "jax": 55, "torch": 55},
     "layer tests": {"tensorflow": 205, "jax": 205, "torch": 205},
 }
 
@@ -83,12 +90,56 @@ def _result(junit_dir: pathlib.Path, name: str, backend: str, suffix: str) -> pa
     return stem.with_suffix(suffix)
 
 
-def run_pytest(backend, python, name, files, junit_dir) -> tuple[dict[str, int] | None, str]:
-    """Run one suite on one backend: (counts, problem); problem is "" when it passed."""
+SHARED = ("keras", "numpy", "ml_dtypes", "protobuf")  # what TensorFlow's packages load beside
+
+
+def _describe_venv(python: pathlib.Path) -> dict:
+    """A venv's site-packages (`site`), Python version and the versions of `SHARED`."""
+    code = (
+        "import importlib.metadata as m, json, sys, sysconfig\n"
+        "def version(name):\n"
+        "    try:\n"
+        "        return m.version(name)\n"
+        "    except m.PackageNotFoundError:\n"
+        "        return None\n"
+        f"found = {{n: version(n) for n in {SHARED!r}}}\n"
+        "found['python'] = '%d.%d' % sys.version_info[:2]\n"
+        "found['site'] = sysconfig.get_paths()['purelib']\n"
+        "print(json.dumps(found))"
+    )
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return json.loads(done.stdout) if done.returncode == 0 else {}
+
+
+def _beside_tensorflow(python: pathlib.Path, venvs: dict[str, str]) -> tuple[list[str], str]:
+    """How `python` starts pytest with the TensorFlow venv's packages importable
+    after its own (`site.addsitedir` appends), or [] and why it cannot."""
+    tensorflow, why = _python("tensorflow", venvs)
+    if tensorflow is None:
+        return [], f"keras-hub's test helpers need TensorFlow: {why}"
+    ours, theirs = _describe_venv(python), _describe_venv(tensorflow)
+    if not ours or not theirs:
+        return [], "could not read the venvs' package versions"
+    differ = [
+        f"{name} {ours[name]} here, {theirs[name]} beside TensorFlow"
+        for name in ("python", *SHARED)
+        if ours[name] != theirs[name]
+    ]
+    if differ:
+        return [], "TensorFlow's venv differs: " + "; ".join(differ)
+    code = "import site, sys; site.addsitedir(%r); import pytest; sys.exit(pytest.main())"
+    return ["-c", code % theirs["site"]], ""
+
+
+def run_pytest(
+    backend, python, name, files, junit_dir, start=("-m", "pytest")
+) -> tuple[dict[str, int] | None, str]:
+    """Run one suite on one backend: (counts, problem); problem is "" when it passed.
+    `start`: how the venv's python starts pytest (`_beside_tensorflow`)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env["KERAS_MHA_HUB_SUITE"] = "1"  # tests/keras_hub_suite/conftest.py: swap the class
     junit = _result(junit_dir, name, backend, ".xml")
-    cmd = [str(python), "-m", "pytest", *files, "-q", "-p", "no:cacheprovider"]
+    cmd = [str(python), *start, *files, "-q", "-p", "no:cacheprovider"]
     cmd += ["-o", "addopts=--strict-markers", f"--junitxml={junit}", "-rfE"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if not junit.exists():
@@ -137,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     lines = []
     for backend in args.backends:
-        suites = [("keras suite", KERAS_SUITE)]
-        if backend == "tensorflow":
-            suites.append(("keras-hub suite", KERAS_HUB_SUITE))
+        suites = [("keras suite", KERAS_SUITE), ("keras-hub suite", KERAS_HUB_SUITE)]
         if backend != "tensorflow" or args.layer_tests_on_tensorflow:
             suites.append(("layer tests", LAYER_TESTS))
         python, why = _python(backend, venvs)
@@ -161,7 +210,18 @@ def main(argv: list[str] | None = None) -> int:
             ok &= subprocess.run(cmd, cwd=REPO, env=env).returncode == 0
             continue
         for name, files in suites:
-            result, problem = run_pytest(backend, python, name, files, junit_dir)
+            start = ("-m", "pytest")
+            if name == "keras-hub suite" and backend != "tensorflow":
+                start, why = _beside_tensorflow(python, venvs)
+                if not start:
+                    ok &= not strict()
+                    lines.append(
+                        f"{backend:<11} {name}: {'FAILED' if strict() else 'SKIPPED'}: {why}"
+                    )
+                    print(lines[-1], flush=True)
+                    _result(junit_dir, name, backend, ".txt").write_text(why + "\n")
+                    continue
+            result, problem = run_pytest(backend, python, name, files, junit_dir, start)
             ok &= not problem
             found = "" if result is None else ", ".join(f"{n} {k}" for k, n in result.items())
             failed = f"  FAILED: {problem}" if problem else ""

@@ -3,15 +3,18 @@
 A sequence-classification checkpoint (`BertForSequenceClassification`, the
 DistilBERT, RoBERTa and XLM-R ones) imported by keras-mha-import: its eval
 sentences are the project's corpus, which the checkpoint's labels say nothing
-about, so eval.npz has no labels. eval.npz: `x` (token ids, padded with the
-tokenizer's pad id) and `probs` (the float Keras model's softmax); the bundle
-names the classes in labels.json (config.json's id2label) and holds the
-sentences (texts.json) and the checkpoint's tokenizer.json. A mode is judged
-against the float model: float32 and float16 bound every probability, the
-quantized modes may change at most 1 % of its top-1 predictions
-(parity.py's `unlabelled_thresholds`); there is no accuracy. Each sentence
-runs at its own length; `--text` on the device prints the label and the
-probabilities.
+about, so eval.npz has no labels; or a classifier fine-tuned on the user's
+labelled text (keras-mha-train --from), whose eval set is its held-out split
+with the gold labels. eval.npz: `x` (token ids, padded with the tokenizer's
+pad id), `probs` (the float Keras model's softmax) and, when labelled, `y`
+(the manifest then records the float model's accuracy, `eval.float_accuracy`,
+which is how the device knows to read y); the bundle names the classes in
+labels.json and holds the sentences (texts.json) and the checkpoint's
+tokenizer.json. A mode is judged against the float model: float32 and
+float16 bound every probability, the quantized modes may change at most 1 %
+of its top-1 predictions (parity.py's `unlabelled_thresholds`); with labels
+each mode's accuracy on them is reported too. Each sentence runs at its own
+length; `--text` on the device prints the label and the probabilities.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ MAX_TEXT_SAMPLES = 50_000
 class TextClassification(Task):
     name = "text-classification"
     output = "probs"
-    labelled = False
+    labelled = False  # not always: a fine-tuned classifier's eval has labels (EvalData.labelled)
     classes = True
     dynamic_length = True
     attention_samples = TEXT_ATTENTION_SAMPLES
@@ -46,10 +49,24 @@ class TextClassification(Task):
     )
     drops = ("accuracy",)
 
+    def eval_arrays(self, spec: EvalSpec) -> dict[str, int]:
+        arrays = super().eval_arrays(spec)
+        if spec.float_accuracy is not None:  # labelled: the held-out gold labels
+            arrays["y"] = spec.samples * 8
+        return arrays
+
     def check_eval(
         self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0
     ) -> EvalData:
-        return check_text_eval(arrays["x"], arrays[self.output], where, pad_id)
+        return check_text_eval(arrays["x"], arrays[self.output], where, pad_id, arrays.get("y"))
+
+    def read_accuracy(self, fields: Fields, ev: dict) -> float | None:
+        if ev.get("float_accuracy") is None:
+            return None
+        return fields.number(ev, "float_accuracy", "eval.")
+
+    def float_accuracy(self, evaluation: EvalData) -> float | None:
+        return evaluation.float_accuracy if evaluation.labelled else None
 
     def read_files(self, fields: Fields, data: dict, evaluation: EvalSpec) -> dict:
         labels = Classification().read_files(fields, data, evaluation)
@@ -63,16 +80,24 @@ class TextClassification(Task):
         return {**labels, **load_text_files(root, manifest, evaluation.x)}
 
     def measure(self, outputs: np.ndarray, evaluation: EvalData) -> Parity:
-        return measure(outputs, None, evaluation.probs)
+        return measure(outputs, evaluation.y if evaluation.labelled else None, evaluation.probs)
 
     def thresholds(self, mode: str, samples: int) -> Thresholds:
         return unlabelled_thresholds(mode, samples)
 
     def describe(self, num_classes: int, float_accuracy: float | None, max_length: int | None):
+        if float_accuracy is not None:
+            return (
+                f"{num_classes} classes from text, up to {max_length} tokens; held-out "
+                f"labels, float accuracy {float_accuracy:.4f}; judged against the float model"
+            )
         return (
             f"{num_classes} classes from text, up to {max_length} tokens; no labelled eval "
             "data: judged against the float model"
         )
 
     def figures(self, parity: Parity, float_accuracy: float | None) -> str:
-        return f"agreement {parity.agreement:.4f}  max|Δp| {parity.max_abs_diff:.2g}"
+        line = f"agreement {parity.agreement:.4f}  max|Δp| {parity.max_abs_diff:.2g}"
+        if float_accuracy is None:
+            return line
+        return f"{line}  accuracy {parity.accuracy:.4f} (float {float_accuracy:.4f})"
