@@ -82,6 +82,10 @@ class Source:
     # What export did to the model's attention (`on_our_layer`): converted to
     # keras_mha's, or why it could not.
     attention_note: str | None = None
+    # Explicit files (--model): a model the project did not build. What export
+    # cannot read of it (its attention weights) is left out with a reason; in
+    # a run the project wrote, the same failure is a bug and stops the export.
+    user_model: bool = False
 
     @property
     def dynamic(self) -> bool:
@@ -103,15 +107,32 @@ class Source:
     def attention_problem(self) -> str | None:
         """Why the bundle cannot show the model's attention weights; None: it can
         (`keras_mha.model.attention_model` builds on the model: keras_mha
-        attention layers, at any depth, each run once by its call)."""
+        attention layers, at any depth, each run once by its call, each giving
+        `(batch, heads, T, T)` weights over the input's T tokens, which is what
+        the device's parity check and head view read)."""
+        from keras_mha.conversion import keras_error_line
         from keras_mha.model import attention_model, attention_recorders
 
         if not attention_recorders(self.model):
             return "the model has no keras_mha MultiHeadAttention"
         try:
-            attention_model(self.model, batch_size=1)
-        except Exception as error:  # a layer run twice, or whose own call never records
-            return f"its attention weights cannot be read ({one_line(error)})"
+            probe = attention_model(self.model, batch_size=1)
+        except Exception as error:
+            # attention_model's refusals (a layer run twice, or whose own call
+            # never records) are ValueErrors; anything else from a model the
+            # project built is a bug, not a model to export without its view
+            if not (isinstance(error, ValueError) or self.user_model):
+                raise
+            return f"its attention weights cannot be read ({one_line(keras_error_line(error))})"
+        tokens = self.model.inputs[0].shape[1]
+        for weights in probe.outputs:
+            shape = tuple(weights.shape)
+            t = shape[2] if len(shape) == 4 else None
+            if len(shape) != 4 or shape[3] != t or (None not in (t, tokens) and t != tokens):
+                return (
+                    f"an attention layer's weights are {shape}, not (batch, heads, T, T) "
+                    f"over the input's {tokens or 'T'} tokens"
+                )
         return None
 
     @property
@@ -322,6 +343,7 @@ def load_files(paths: SourcePaths, import_modules: tuple[str, ...] = ()) -> Sour
     own = {"labels": ("labels.json", labels_json(labels))}
     source = Source(files, model, calibration, ev, task, own, vocab, dataset=None)
     source.attention_note = note
+    source.user_model = True
     return source
 
 
@@ -336,7 +358,7 @@ def on_our_layer(model: keras.Model) -> tuple[keras.Model, str | None]:
     A model convert refuses is exported as it is, without the attention
     signature, and the line says why. A model with none: unchanged, no line.
     """
-    from keras_mha.conversion import convert, keras_attention_layers
+    from keras_mha.conversion import convert, keras_attention_layers, keras_error_line
 
     found = keras_attention_layers(model)
     if not found:
@@ -344,7 +366,7 @@ def on_our_layer(model: keras.Model) -> tuple[keras.Model, str | None]:
     try:
         converted = convert(model)
     except Exception as error:  # a layer convert refuses, or cannot copy
-        return model, f"its attention stays Keras's ({one_line(error)})"
+        return model, f"its attention stays Keras's ({one_line(keras_error_line(error))})"
     return converted, (
         f"its {len(found)} keras.layers.MultiHeadAttention converted to keras_mha's "
         "(keras_mha.convert; outputs equal to 1e-5)"

@@ -8,7 +8,7 @@ from edge_demo.contract.attention_parity import share_cell
 from edge_demo.contract.entries import ModelEntry
 from edge_demo.contract.manifest import Manifest
 from edge_demo.contract.npu import NpuTarget
-from edge_demo.contract.tasks import Task
+from edge_demo.contract.tasks import Column, Task
 
 
 def mode_line(entry: ModelEntry, task: Task, float_accuracy: float | None) -> str:
@@ -36,11 +36,20 @@ def _attention_cells(entry) -> tuple[str, str, str]:
     return f"{a.max_abs_diff:.2g}", share_cell(a.tail_share), f"{a.argmax_agreement:.4f}"
 
 
+def _figures(manifest: Manifest) -> tuple[Column, ...]:
+    """The task's figures; accuracy first when the eval has labels the task does
+    not always have (a fine-tuned text classifier's held-out split)."""
+    columns = manifest.task.summary
+    if manifest.eval.float_accuracy is not None and all(c.field != "accuracy" for c in columns):
+        columns = (Column("accuracy", "accuracy", ".4f"), *columns)
+    return columns
+
+
 def summary_table(manifest: Manifest) -> str:
     """Mode, bytes, size vs float32, ops, the task's figures, attention, verified."""
-    task = manifest.task
+    figures_of = _figures(manifest)
     header = (
-        "mode", "bytes", "vs float32", "ops", *(c.header for c in task.summary),
+        "mode", "bytes", "vs float32", "ops", *(c.header for c in figures_of),
         "attn max|Δ|", "attn tail", "attn agree", "verified",
     )  # fmt: skip
     rows = [header]
@@ -60,7 +69,7 @@ def summary_table(manifest: Manifest) -> str:
                 f"{entry.bytes:,}",
                 f"{entry.bytes / float32_bytes:.2f}x" if float32_bytes else "-",
                 str(ops),
-                *(format(getattr(figures, c.field), c.fmt) for c in task.summary),
+                *(format(getattr(figures, c.field), c.fmt) for c in figures_of),
                 *_attention_cells(entry),
                 "yes" if mode in manifest.verified else "NO",
             )

@@ -24,6 +24,8 @@ attention_masks.py (masks, axes, input resolution), attention_weights.py
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 
 import keras
@@ -57,12 +59,36 @@ from keras_mha.attention_masks import (
 from keras_mha.attention_weights import PROJECTIONS, bias_of, kernel_of
 from keras_mha.qat import HOOK, point
 
-# A layer whose __dict__ holds a list under this name appends `(self, weights)`
-# to it on every call, the weights `(B, h, T, S)` it computed
-# (`keras_mha.model.attention_model`; not a tracked attribute, not in the config).
-ATTENTION_SINK = "_attention_sink"
-
 __all__ = ["IMPLEMENTATIONS", "MultiHeadAttention"]
+
+# While `recording(layers)` is open, each of those layers appends `(itself,
+# weights)` to its list on every call, the weights `(B, h, T, S)` it computed
+# (`keras_mha.model.attention_model`). A context variable, not an attribute of
+# the layer: another thread (which starts in a context of its own) calling the
+# same model records nothing, and a recording inside a recording ends without
+# touching the outer one. Not in the config.
+_RECORDING: contextvars.ContextVar[dict[int, list] | None] = contextvars.ContextVar(
+    "keras_mha_attention_recording", default=None
+)
+
+
+def attention_sink(layer) -> list | None:
+    """The list `layer` records its attention weights to now; None: not recording."""
+    sinks = _RECORDING.get()
+    return None if sinks is None else sinks.get(id(layer))
+
+
+@contextlib.contextmanager
+def recording(layers):
+    """Record the attention weights `layers` compute while open: yields the list
+    they append `(layer, weights)` to, in the order they run."""
+    sink: list = []
+    token = _RECORDING.set({**(_RECORDING.get() or {}), **{id(layer): sink for layer in layers}})
+    try:
+        yield sink
+    finally:
+        _RECORDING.reset(token)
+
 
 # Masked scores sit this far below the row's smallest score (see _masked_softmax).
 _MASK_MARGIN = 16.0
@@ -349,7 +375,7 @@ class MultiHeadAttention(keras.layers.Layer):
         # are not handed masked tensors (they would warn that they drop them).
         for x in (query, value, key):
             set_keras_mask(x, None)
-        sink = self.__dict__.get(ATTENTION_SINK)
+        sink = attention_sink(self)
         output, scores = self._attend(
             query=query,
             value=value,

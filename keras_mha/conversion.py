@@ -258,7 +258,7 @@ def _built_like(old, where: str, implementation: str):
         except (AttributeError, TypeError, ValueError) as exc:
             raise ValueError(
                 f"convert cannot convert {where}: it relies on what our layer does not "
-                f"have ({type(exc).__name__}: {_one_line(exc)})."
+                f"have ({type(exc).__name__}: {keras_error_line(exc)})."
             ) from None
     return new
 
@@ -285,7 +285,7 @@ def _check(old, new, where: str) -> None:
     except Exception as exc:
         raise ValueError(
             f"convert cannot convert {where}: our copy fails where Keras's runs "
-            f"({type(exc).__name__}: {_one_line(exc)})."
+            f"({type(exc).__name__}: {keras_error_line(exc)})."
         ) from None
     want = keras.ops.convert_to_numpy(want[0] if isinstance(want, (tuple, list)) else want)
     got = keras.ops.convert_to_numpy(got[0] if isinstance(got, (tuple, list)) else got)
@@ -297,7 +297,7 @@ def _check(old, new, where: str) -> None:
         )
 
 
-def _one_line(exc: Exception) -> str:
+def keras_error_line(exc: BaseException) -> str:
     """The error itself, without Keras's call report around it (colour
     codes, "Exception encountered when calling ...", the arguments)."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]

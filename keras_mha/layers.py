@@ -21,7 +21,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mha.attention import ATTENTION_SINK, MultiHeadAttention
+from keras_mha.attention import MultiHeadAttention, attention_sink
 from keras_mha.attention_masks import is_weight_mask
 from keras_mha.qat import HOOK, point
 
@@ -468,7 +468,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         # ops.dot_product_attention on JAX and PyTorch. A block on Keras's layer
         # records its weights itself (keras_mha.model.attention_model; ours
         # records them in its own call).
-        sink = self.__dict__.get(ATTENTION_SINK)
+        sink = attention_sink(self)
         scored = return_attention_scores or sink is not None
         if self.implementation == "keras":
             if head_mask is not None:

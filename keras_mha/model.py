@@ -23,7 +23,7 @@ import keras
 import numpy as np
 
 from edge_demo.contract.attention import output_name
-from keras_mha.attention import ATTENTION_SINK, MultiHeadAttention
+from keras_mha.attention import MultiHeadAttention, recording
 from keras_mha.layers import (
     MaskedMeanPooling,
     PositionalEncoding,
@@ -230,7 +230,7 @@ class _AttentionWeights(keras.layers.Layer):
     keras_mha attention works (a classifier, a pretrained encoder, a Keras or
     keras-hub model after `keras_mha.convert`): each layer of
     `attention_recorders` appends `(itself, weights)` to a list while the model
-    runs (`attention.ATTENTION_SINK`); output `attention_i` is the weights of
+    runs (`attention.recording`); output `attention_i` is the weights of
     the i-th of them to run (the lesson's layer i).
     """
 
@@ -240,14 +240,8 @@ class _AttentionWeights(keras.layers.Layer):
 
     def call(self, x):
         recorders = attention_recorders(self.classifier)
-        sink: list = []
-        for layer in recorders:
-            object.__setattr__(layer, ATTENTION_SINK, sink)  # not a tracked attribute
-        try:
+        with recording(recorders) as sink:
             self.classifier(x, training=False)
-        finally:
-            for layer in recorders:
-                layer.__dict__.pop(ATTENTION_SINK, None)
         order = {id(layer): i for i, layer in enumerate(recorders)}
         runs = [order[id(layer)] for layer, _ in sink]
         if sorted(runs) != list(range(len(recorders))):  # one ran twice, or never
@@ -289,6 +283,11 @@ def attention_model(model: keras.Model, batch_size: int | None = 1) -> keras.Mod
         raise ValueError(
             "Received an invalid value for argument `batch_size`, expected a positive "
             f"integer or None. Received: batch_size={batch_size!r}"
+        )
+    if not getattr(model, "inputs", None):
+        raise ValueError(
+            f"Model {model.name!r} has no symbolic inputs; expected a functional or "
+            "Sequential model (a subclassed model's input shape is not known)."
         )
     spec = model.inputs[0]
     inputs = keras.Input(spec.shape[1:], batch_size=batch_size, dtype=spec.dtype, name="inputs")

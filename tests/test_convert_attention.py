@@ -252,10 +252,11 @@ def test_attention_model_matches_forward_and_shares_weights():
 @pytest.mark.parametrize("implementation", ["per_head", "keras"])
 def test_attention_model_reads_every_block_implementation(implementation):
     """Each attention layer records its weights while the model runs
-    (attention.ATTENTION_SINK): keras_mha's layer, and a block on Keras's own
+    (attention.recording): keras_mha's layer, and a block on Keras's own
     (`implementation="keras"`)."""
     import keras
 
+    from keras_mha.attention import attention_sink
     from keras_mha.model import ModelConfig, attention_model, build_classifier, forward
 
     keras.utils.set_random_seed(3)
@@ -267,8 +268,34 @@ def test_attention_model_reads_every_block_implementation(implementation):
     assert list(outputs) == ["attention_0", "attention_1"]
     for name, expected in zip(outputs, scores, strict=True):
         np.testing.assert_allclose(np.asarray(outputs[name]), np.asarray(expected), atol=1e-6)
-    left = [layer.name for layer in model._flatten_layers() if "_attention_sink" in vars(layer)]
-    assert left == []  # nothing left behind
+    left = [layer.name for layer in model._flatten_layers() if attention_sink(layer) is not None]
+    assert left == []  # nothing left recording
+
+
+def test_recording_is_per_context_nested_and_per_thread():
+    """A recording inside a recording takes the layer's weights while it is open
+    and leaves the outer one as it was; another thread calling the same layer
+    records nothing; after the outer one ends, nothing records."""
+    import threading
+
+    from keras_mha.attention import MultiHeadAttention, attention_sink, recording
+
+    layer = MultiHeadAttention(num_heads=2, key_dim=4)
+    x = np.random.default_rng(0).normal(size=(1, 5, 8)).astype("float32")
+    layer(x, x)
+    with recording([layer]) as outer:
+        layer(x, x)
+        with recording([layer]) as inner:
+            layer(x, x)
+        thread = threading.Thread(target=layer, args=(x, x))
+        thread.start()
+        thread.join()
+        layer(x, x)
+    layer(x, x)
+    assert [len(outer), len(inner)] == [2, 1] and attention_sink(layer) is None
+    assert outer[0][0] is layer and tuple(outer[0][1].shape) == (1, 2, 5, 5)
+    _, expected = layer(x, x, return_attention_scores=True)
+    np.testing.assert_allclose(np.asarray(inner[0][1]), np.asarray(expected), atol=1e-6)
 
 
 def test_attention_model_refuses_a_model_that_runs_a_block_twice():

@@ -356,6 +356,9 @@ def test_keras_hub_beside_tensorflow_only_where_the_shared_packages_match(monkey
     monkeypatch.setattr(run, "_describe_venv", lambda python: described[python.name])
     start, why = run._beside_tensorflow(pathlib.Path("jax"), run.VENVS)
     assert why == "" and start[0] == "-c" and "site.addsitedir('/tf/site-packages')" in start[1]
+    # a package only TensorFlow's venv has (protobuf in a fresh JAX venv) loads from there
+    described["jax"] = {**same, "protobuf": None}
+    assert run._beside_tensorflow(pathlib.Path("jax"), run.VENVS)[1] == ""
     described["jax"] = {**same, "numpy": "2.5.0", "python": "3.12"}
     start, why = run._beside_tensorflow(pathlib.Path("jax"), run.VENVS)
     assert start == [] and why == (

@@ -82,6 +82,24 @@ def test_the_device_table_takes_the_tasks_columns():
     assert header[2:4] == ["accuracy", "agreement"]
 
 
+def test_the_export_table_shows_accuracy_when_the_eval_has_labels():
+    """Export's summary table: the task's figures, and accuracy first when a
+    text classifier's eval carries gold labels (the manifest's float_accuracy)."""
+    from types import SimpleNamespace
+
+    from keras_mha_export.summary import _figures
+
+    def fields(task, float_accuracy):
+        manifest = SimpleNamespace(
+            task=tasks.TASKS[task], eval=SimpleNamespace(float_accuracy=float_accuracy)
+        )
+        return [c.field for c in _figures(manifest)]
+
+    assert fields("text-classification", None) == ["agreement", "max_abs_diff"]
+    assert fields("text-classification", 0.9) == ["accuracy", "agreement", "max_abs_diff"]
+    assert fields("classification", 0.9) == ["agreement", "accuracy", "max_abs_diff"]  # once
+
+
 def _text_eval(y=None):
     probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]], np.float32)
     ids = np.array([[101, 7, 102, 0], [101, 8, 9, 102], [101, 5, 102, 0]], np.int32)

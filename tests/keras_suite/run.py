@@ -45,7 +45,9 @@ KERAS_SUITE = ["tests/keras_suite/keras_suite.py"]
 # own, so Keras, the backend and numpy are still the venv's. TensorFlow's
 # compiled packages then load beside that venv's numpy and ml_dtypes: the
 # suite runs only where Python's version and those packages' (`SHARED`) are
-# the same in both venvs, else it is reported as not run, with the reason.
+# the same in both venvs, else it is reported as not run, with the reason. A
+# package only TensorFlow's venv has (protobuf, in a fresh JAX venv) loads from
+# there: one copy, nothing to differ.
 KERAS_HUB_SUITE = sorted(
     str(p.relative_to(REPO))
     for p in (REPO / "tests" / "keras_hub_suite").glob("*.py")
@@ -123,7 +125,7 @@ def _beside_tensorflow(python: pathlib.Path, venvs: dict[str, str]) -> tuple[lis
     differ = [
         f"{name} {ours[name]} here, {theirs[name]} beside TensorFlow"
         for name in ("python", *SHARED)
-        if ours[name] != theirs[name]
+        if ours[name] is not None and ours[name] != theirs[name]
     ]
     if differ:
         return [], "TensorFlow's venv differs: " + "; ".join(differ)

@@ -51,7 +51,9 @@ class Task:
 
     name: ClassVar[str]
     output: ClassVar[str]  # eval.npz's array of the float model's outputs
-    labelled: ClassVar[bool]  # eval.npz has labels y (the float model's accuracy)
+    # eval.npz always has labels y (the float model's accuracy). A task whose eval
+    # has them only sometimes says False; then `EvalData.labelled` tells.
+    labelled: ClassVar[bool]
     classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
     pairs: ClassVar[bool] = False  # an input is a (query, passage) pair (pairs.json)
