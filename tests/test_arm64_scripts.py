@@ -108,14 +108,15 @@ def test_test_sh_refuses_an_encoder_bundle_without_a_manifest(tmp_path):
 CPUS = ("cortex-a72", "cortex-a76")
 MODES = {
     "digits": ("float32", "dynamic", "float16", "int8", "int16x8"),
-    "text": ("float32", "dynamic", "float16", "int8"),
+    "text": ("float32", "dynamic", "float16", "int8", "int16x8"),  # int16x8: AEQ's
     "encoder": ("dynamic",),  # all-MiniLM-L6-v2: dynamic range only on ARM
     "reranker": ("float32", "dynamic", "float16", "int8"),  # a small cross-encoder
 }
 # Checks summary.py counts for two CPUs: the run status; per bundle, a report per machine
 # and a parity check per machine and mode; the x86-64 raw file, one per CPU, and a raw
-# check per CPU and mode: 1 + 12 reports + 42 parity + 4 x86-64 raw files + 8 CPU raw
-# files + 28 raw checks = 95 (58 before the encoder, 69 before the reranker).
+# check per CPU and mode: 1 + 12 reports + 45 parity + 4 x86-64 raw files + 8 CPU raw
+# files + 30 raw checks = 100 (58 before the encoder, 69 before the reranker, 95
+# before the pronouns' int16x8).
 CHECKS = 1 + sum(3 * (1 + len(m)) + 1 + 2 + 2 * len(m) for m in MODES.values())
 # The encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
 # one 384-element unit vector each.
@@ -306,7 +307,7 @@ def test_summary_passes_the_measured_figures_and_writes_tables_and_json(tmp_path
     assert row in lines
     cell = "1 of 600; max 1 quanta; top-1 same 1.0000"
     assert f"| int8 | {cell} | {cell} |" in proc.stdout.split("**reranker**: raw outputs")[1]
-    assert CHECKS == 95 and proc.stderr.strip() == "test-arm64: PASS: 95 of 95 checks passed"
+    assert CHECKS == 100 and proc.stderr.strip() == "test-arm64: PASS: 100 of 100 checks passed"
 
 
 def _int16_one_quantum(machine, bundle, raw, report):
