@@ -36,11 +36,25 @@ from mutations import HOSTILE_VALUES, json_paths  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1]))
 from edge_bundle import example_manifest  # noqa: E402
 
+# make test: the same examples on every run (derandomize: a fixed seed per test),
+# and no example database, so no failure found elsewhere is replayed here; a
+# failure prints the example and hypothesis's reproduce line. make fuzz
+# (HYPOTHESIS_PROFILE=fuzz) explores new examples each run and keeps a database.
 settings.register_profile(
-    "test", max_examples=400, deadline=None, suppress_health_check=list(HealthCheck)
+    "test",
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
 )
 settings.register_profile(
-    "fuzz", max_examples=20_000, deadline=None, suppress_health_check=list(HealthCheck)
+    "fuzz",
+    max_examples=20_000,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=list(HealthCheck),
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "test"))
 
@@ -75,10 +89,12 @@ def _one_line(exc: UsageError) -> None:
 
 
 def _set(data, path, value):
+    """Set a copy of `value`: hypothesis may hand the same object to two edits, and
+    setting an object inside itself would make a structure that contains itself."""
     node = data
     for key in path[:-1]:
         node = node[key]
-    node[path[-1]] = value
+    node[path[-1]] = copy.deepcopy(value)
 
 
 @given(st.binary(max_size=400) | st.text(max_size=400))
@@ -140,7 +156,7 @@ def test_read_npz_on_mutated_archives(flips, cut):
 def test_vocab_with_hostile_fields(edits, text):
     data = dict(VOCAB)
     for key, value in edits:
-        data[key] = value
+        data[key] = copy.deepcopy(value)  # as _set: never an object inside itself
     try:
         vocab = Vocab.parse(json.dumps(data), "vocab.json")
     except UsageError as exc:
@@ -158,6 +174,9 @@ def test_token_patterns_accepted_are_quick(pattern):
     except UsageError as exc:
         _one_line(exc)
         return
+    # A hang guard, not a speed limit: an accepted pattern that backtracks
+    # catastrophically takes exponential time on 3,000 characters (minutes or
+    # more), a linear one a few milliseconds; 5 s sits far from both.
     start = time.perf_counter()
     vocab.tokenize("a" * 3000 + "!")
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5.0
