@@ -1,4 +1,8 @@
-"""keras-mha-export: quantized, verified, bundled TFLite models of a classifier.
+"""keras-mha-export: quantized, verified, bundled TFLite models of a keras-mha model.
+
+The model is a run directory's (a classifier, a sentence encoder, a text
+classifier or a cross-encoder: edge_demo/contract/tasks/) or a user's
+.keras file (`SourcePaths`).
 
 The folder export/ installs as `keras_mha_export` (setup.cfg's one
 package_dir entry): a top-level `export` would clash with other packages.

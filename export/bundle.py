@@ -14,7 +14,9 @@
 4. `_verify`: the staged bundle opened with the device's loader and each mode
    scored with the device's code (`verify.verify_staged`), the task's
    thresholds (`Task.thresholds`); failed modes dropped unless
-   `allow_parity_failure`;
+   `allow_parity_failure`; a mode whose predictions hold and whose attention
+   view misses its bounds is kept, verified, its view marked not faithful
+   (`entry.judge`);
 5. `_compile_npu`, when asked (`npu`): each verified full-integer mode's
    deploy file compiled with Arm's Vela for Ethos-U NPUs (npu.py), Vela's
    estimates in the entry's `npu` and the compiled files in the bundle;
@@ -90,6 +92,13 @@ def parse_modes(modes: str | Iterable[str]) -> tuple[str, ...]:
             f"unknown mode {unknown[0]!r}; choose 'all' or from {', '.join(MODES)}", "--quant"
         )
     return tuple(mode for mode in MODES if mode in names)
+
+
+def names_modes(modes: str | Iterable[str]) -> bool:
+    """Whether `modes` names modes (`"int8"`, `"float32,int8"`) rather than `"all"`:
+    a named mode must verify, `all` keeps those that do (keras-mha-export's exit status)."""
+    names = modes.split(",") if isinstance(modes, str) else list(modes)
+    return "all" not in [str(name).strip() for name in names]
 
 
 def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:

@@ -1,4 +1,4 @@
-"""Keras classifier -> batch-1 SavedModel -> one TFLite flatbuffer per mode.
+"""Keras model (any task) -> batch-1 SavedModel -> one TFLite flatbuffer per mode.
 
 The model is traced once into a SavedModel whose only signature takes a
 batch of exactly 1 (`serving_default_inputs:0`); a dynamic batch adds about

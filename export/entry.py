@@ -169,16 +169,30 @@ def judge(
 ) -> tuple[ModelEntry, ModeFailure | None]:
     """The entry with the device's figures and verdict, and why it failed (None if verified).
 
+    The verdict is the task's: the graph checks and the task outputs against
+    the thresholds. The attention view gets its own, `attention.faithful`: a
+    mode whose predictions hold and whose view misses its thresholds is
+    verified, its view marked not faithful (docs/artifacts.md says why). A
+    view the runtime cannot run at all still fails the mode.
+
     `runtimes` records the verifying runtime (LiteRT) as able to load the
     model, or not; TensorFlow's interpreter says nothing about LiteRT.
     """
     loaded = math.isfinite(result.load_ms)
-    reasons = graph_problems + result.failures
+    reasons = graph_problems + result.task_failures
     attention = entry.attention
     if attention is not None and loaded:
         if result.attention_status not in ("passed", "failed"):
             reasons.append(f"attention not verified: {result.attention_note or 'not run'}")
-        attention = dataclasses.replace(attention, parity=result.attention_parity)
+        attention = dataclasses.replace(
+            attention,
+            parity=result.attention_parity,
+            faithful=None
+            if result.attention_status not in ("passed", "failed")
+            else not result.attention_failures,
+        )
+        if reasons:  # a failed mode's reasons name everything it misses, its view's too
+            reasons.extend(result.attention_failures)
     runtimes = dict(entry.runtimes)
     if runtime != TENSORFLOW_RUNTIME:
         runtimes[runtime] = loaded

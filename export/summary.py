@@ -1,8 +1,12 @@
-"""What keras-mha-export prints: a line per mode while it works, a table at the end."""
+"""What keras-mha-export prints: a line per mode while it works, a table at the end,
+then a line for each mode left out and each view marked not faithful (`left_out`,
+`unfaithful_views`), with the command that would make it hold (`remedy`)."""
 
 from __future__ import annotations
 
+import json
 import math
+import pathlib
 
 from edge_demo.contract.attention_parity import share_cell
 from edge_demo.contract.entries import ModelEntry
@@ -14,6 +18,8 @@ from edge_demo.contract.tasks import Column, Task
 def mode_line(entry: ModelEntry, task: Task, float_accuracy: float | None) -> str:
     """One mode after verification: size, ops, the task's figures, attention, verdict."""
     status = "verified" if entry.verified else "FAILED  " + "; ".join(entry.failures)
+    if entry.verified and view_misses(entry):
+        status += "; attention view not faithful: " + "; ".join(view_misses(entry))
     if entry.parity is None:
         return f"  {entry.mode:<8} {entry.bytes:>9,} B  {entry.op_count:>3} ops  {status}"
     attention = ""
@@ -71,10 +77,112 @@ def summary_table(manifest: Manifest) -> str:
                 str(ops),
                 *(format(getattr(figures, c.field), c.fmt) for c in figures_of),
                 *_attention_cells(entry),
-                "yes" if mode in manifest.verified else "NO",
+                _verified_cell(manifest, mode, entry),
             )
         )
     return _render(rows, left=(0, len(header) - 1))
+
+
+def _verified_cell(manifest: Manifest, mode: str, entry) -> str:
+    if mode not in manifest.verified:
+        return "NO"
+    return "yes, view not faithful" if view_misses(entry) else "yes"
+
+
+def view_misses(entry) -> list[str]:
+    """What a mode's attention view misses when export marked it not faithful
+    (`AttentionCheck.faithful` false), one line each with its figure; else []."""
+    check = getattr(entry, "attention", None)
+    if check is None or check.faithful is not False:
+        return []
+    return check.misses() or ["attention not faithful"]
+
+
+# docs/quantization.md: an encoder's full-integer mode holds once its residual
+# stream is rescaled at alpha 0.5 and its activations are int16 (int16x8).
+RESCALE_ALPHA = 0.5
+
+
+def rescale_alpha(run_dir: pathlib.Path | None) -> float | None:
+    """The alpha `keras-mha-rescale` made the run with (its metrics.json), or None."""
+    if run_dir is None:
+        return None
+    try:
+        metrics = json.loads((pathlib.Path(run_dir) / "metrics.json").read_text("utf-8"))
+        alpha = metrics["rescale"]["alpha"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return float(alpha) if isinstance(alpha, (int, float)) else None
+
+
+def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bool = False) -> str:
+    """The command that would make `mode` hold (`view`: its attention view), or keep it.
+
+    A pretrained or fine-tuned encoder's int8 and int16x8 (a bundle with a
+    tokenizer) hold once rescaled at alpha 0.5 and exported in int16x8
+    (docs/quantization.md); a classifier's int8 view, in int16x8. Otherwise
+    --allow-parity-failure keeps a left-out mode, marked unverified.
+    """
+    run = str(run_dir) if run_dir is not None else "RUN"
+    int16x8 = (
+        f"keras-mha-export {run} --out {run}/bundle_int16x8 --quant int16x8 "
+        "(int16 activations; docs/quantization.md)"
+    )
+    held = manifest.models.get("int16x8")
+    if held is not None and held.verified and not view_misses(held):
+        int16x8 = "its int16x8 (int16 activations), verified in this bundle" + (
+            " with a faithful view: the head view opens on it" if view else ""
+        )
+    encoder = manifest.tokenizer is not None
+    alpha = rescale_alpha(run_dir) if encoder else None
+    if mode in ("int8", "int16x8") and encoder and alpha is None:
+        return (
+            f"keras-mha-rescale {run} --out {run}_rescaled --alpha {RESCALE_ALPHA}, then "
+            f"keras-mha-export {run}_rescaled --quant int16x8 (docs/quantization.md)"
+        )
+    if mode in ("int8", "int16x8") and encoder and alpha != RESCALE_ALPHA:
+        return (
+            f"rescale the imported run at --alpha {RESCALE_ALPHA} (this one has alpha "
+            f"{alpha:g}), then keras-mha-export it with --quant int16x8 (docs/quantization.md)"
+        )
+    if mode == "int8" and (encoder or view):  # rescaled at 0.5 already, or a classifier's view
+        return int16x8
+    if view:
+        return "read its maps as approximate, or view another mode (--quant float32)"
+    return f"--quant {mode} --allow-parity-failure keeps it in the bundle, marked unverified"
+
+
+def left_out(
+    manifest: Manifest, run_dir: pathlib.Path | None = None, converted_only: bool = False
+) -> list[str]:
+    """One line per mode export left out (not verified, not kept): why, with the
+    figures it missed, and what would make it hold (`remedy`). `converted_only`:
+    not the modes that did not convert (nothing to keep; the reason says why)."""
+    lines = []
+    for mode, failure in manifest.failed.items():
+        if mode in manifest.models:  # kept unverified (--allow-parity-failure)
+            continue
+        why = "; ".join(failure.reasons) or failure.stage
+        if failure.stage == "convert":
+            if not converted_only:
+                lines.append(f"left out {mode}: {why}")
+            continue
+        lines.append(f"left out {mode}: {why}; to make it hold: {remedy(mode, manifest, run_dir)}")
+    return lines
+
+
+def unfaithful_views(manifest: Manifest, run_dir: pathlib.Path | None = None) -> list[str]:
+    """One line per verified mode whose attention view export marked not faithful."""
+    lines = []
+    for mode, entry in manifest.models.items():
+        misses = view_misses(entry)
+        if misses and entry.verified:  # an unverified one's failures already say it
+            lines.append(
+                f"{mode}: kept (its predictions hold), but its attention view is not faithful: "
+                f"{'; '.join(misses)}; the device's head view says so. For a faithful view: "
+                f"{remedy(mode, manifest, run_dir, view=True)}"
+            )
+    return lines
 
 
 def _render(rows: list[tuple[str, ...]], left: tuple[int, ...]) -> str:

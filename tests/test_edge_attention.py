@@ -63,6 +63,7 @@ def test_every_mode_carries_verified_attention(fixture, request):
         thresholds = entry.attention.thresholds
         assert thresholds == attention_parity.DEFAULT_THRESHOLDS[mode]
         assert figures is not None and thresholds.failures(figures) == []
+        assert entry.attention.faithful is True  # export's verdict on the view, written
         assert figures.rows > 0
         # int8's tail was counted (a finite share); the other modes have none.
         assert math.isfinite(figures.tail_share) == (mode == "int8"), (mode, figures)
@@ -118,6 +119,53 @@ def test_float32_bound_fails_a_reference_off_by_twice_the_bound(bundle_copy):
     assert any(f.startswith("attention max |Δ|") for f in result.failures)
     # The classification figures are untouched by the attention check.
     assert result.agreement == 1.0 and not any("prob" in f for f in result.failures)
+
+
+@pytest.mark.parametrize("faithful", ["absent", True, False])
+def test_a_view_fails_the_mode_unless_the_manifest_marks_it_not_faithful(faithful, bundle_copy):
+    """A reference 2e-5 off: float32's view misses its 1e-5 bound. A manifest
+    without `faithful` (older bundles, whose verified modes all met it) or with
+    `true` fails the mode as before; `false` (export kept a mode whose
+    predictions hold) reports the miss and passes the mode on its predictions."""
+    _tamper_reference(bundle_copy, lambda a: {k: v + np.float32(2e-5) for k, v in a.items()})
+
+    def mark(m):
+        view = m["models"]["float32"]["attention"]
+        view.pop("faithful", None)
+        if faithful != "absent":
+            view["faithful"] = faithful
+
+    edit_manifest(bundle_copy, mark)
+    bundle = open_bundle(bundle_copy, "float32")
+    assert bundle.manifest.models["float32"].attention.faithful == (
+        None if faithful == "absent" else faithful
+    )
+    result = run_mode(bundle, "float32", select_runtime("litert"))
+    assert result.attention_status == "failed"
+    assert [f[:17] for f in result.attention_failures] == ["attention max |Δ|"]
+    assert result.task_failures == [] and result.agreement == 1.0
+    if faithful is False:
+        assert result.passed and result.failures == [] and result.view_excused
+    else:
+        assert not result.passed and result.failures == result.attention_failures
+        assert not result.view_excused
+
+
+def test_faithful_must_be_true_or_false():
+    with pytest.raises(UsageError) as info:
+        attention.AttentionCheck.from_json(
+            Fields("manifest.json"),
+            {
+                "attention": {
+                    "signature": "view",
+                    "thresholds": DEFAULT_THRESHOLDS["int8"].to_json(),
+                    "faithful": "yes",
+                }
+            },
+            "attention",
+            "models.int8.",
+        )
+    assert "'models.int8.attention.faithful' must be" in str(info.value)
 
 
 def test_integer_agreement_fails_when_keys_are_shifted(bundle_copy):

@@ -456,6 +456,7 @@ def test_an_encoder_s_int16x8_is_full_integer_with_its_view(tiny_bundle, tmp_pat
     manifest = export_bundle(tiny_bundle["run"].path, tmp_path / "bundle", "float32,int16x8")
     assert manifest.verified == ["float32", "int16x8"], manifest.failed
     entry = manifest.models["int16x8"]
+    assert entry.attention.faithful is True, entry.attention  # its view within int16x8's bound
     assert entry.dynamic_length and "DEQUANTIZE" not in entry.ops
     model = (tmp_path / "bundle" / entry.file).read_bytes()
     main = read_graph(model)

@@ -196,6 +196,7 @@ def test_minilm_full_integer_holds_with_int16_activations(minilm_bundle, tmp_pat
     manifest = export_bundle(run.path, tmp_path / "bundle", "int16x8", **quiet)
     assert manifest.verified == ["int16x8"], manifest.failed
     entry = manifest.models["int16x8"]
+    assert entry.attention.faithful is True, entry.attention.misses()  # the head view holds
     model = (tmp_path / "bundle" / entry.file).read_bytes()
     assert len(model) <= 25_000_000 and "DEQUANTIZE" not in entry.ops
     graph = read_graph(model)

@@ -114,6 +114,7 @@ def test_pronouns_per_head_qat_exports_int8_with_each_heads_own_ranges(tmp_path,
     assert entry.verified and metrics["test_accuracy"] >= 0.9
     assert entry.attention.thresholds == DEFAULT_THRESHOLDS["int8"]
     assert attention.tail_share <= 0.01
+    assert entry.attention.faithful is True, entry.attention.misses()  # every int8 bound
 
 
 def test_a_foreign_ranges_file_is_refused_in_one_line(pronouns_qat, tmp_path):

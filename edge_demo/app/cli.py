@@ -1,9 +1,11 @@
 """keras-mha-edge: run an exported keras-mha bundle on the device, without TensorFlow.
 
 By default, a parity run: every eval sample through each selected mode at
-batch 1, compared with the float Keras model's softmax and the manifest's
-thresholds. `--sample N` and `--text "..."` classify one input instead
-(a cross-encoder: `--pair "query" "passage"` scores a pair, `--rerank QUERY
+batch 1, compared with the float Keras model's outputs (a classifier's
+probabilities, an encoder's vectors, a cross-encoder's scores) and the
+manifest's thresholds. `--sample N` and `--text "..."` run one input instead
+(a classifier names its class, an encoder finds the nearest eval sentences;
+a cross-encoder: `--pair "query" "passage"` scores a pair, `--rerank QUERY
 FILE.txt` orders a file's lines); with `--view FILE.html` they also write the
 head view of one mode's attention weights (app/head_view.py).
 """
@@ -119,12 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
-        "--sample", type=nonnegative_int, metavar="N", help="classify eval sample N and show it"
+        "--sample",
+        type=nonnegative_int,
+        metavar="N",
+        help="run eval sample N and show it (a classifier's prediction, an encoder's nearest "
+        "eval sentences, a cross-encoder's score)",
     )
     what.add_argument(
         "--text",
         metavar='"..."',
-        help="classify a sentence (text bundles); an embedding bundle: the nearest eval sentences",
+        help="run a sentence (text bundles): a classifier's prediction; an embedding bundle: "
+        "the nearest eval sentences",
     )
     what.add_argument(
         "--embed",
@@ -306,6 +313,12 @@ def run(options: DemoOptions) -> int:
     for mode in bundle.modes:
         if bundle.manifest.models[mode].verified is False:
             print(f"note: manifest.json marks {mode} as not verified at export")
+        view = bundle.manifest.models[mode].attention
+        if view is not None and view.faithful is False:
+            print(
+                f"note: manifest.json marks {mode}'s attention view as not faithful "
+                f"({'; '.join(view.misses()) or 'no figures'})"
+            )
     plan = plan_modes(bundle, runtime)
     if options.embed is not None:  # a search bundle (_check_request)
         from .search import run_embed

@@ -7,8 +7,11 @@ Keras model's weights and probabilities sit beside them; typed text has no
 Keras reference on the device, so its page shows the device mode alone.
 
 The mode shown: `--quant MODE`; with `all` or several modes, the first
-verified of int8, int16x8, float32, then any other, in that order
-(`view_mode`): an integer mode is what a device runs, float32 the fallback.
+verified of int8, int16x8, float32, then any other, in that order, whose
+view is faithful, then one whose view is not (`view_mode`): an integer mode
+is what a device runs, float32 the fallback. A mode whose view export marked
+not faithful (its predictions hold, its attention weights do not:
+docs/artifacts.md) is shown with a note saying so, with the figures.
 
 An encoder's word pieces are shown as typed (`Subwords.typed`: the text
 each covers, case kept; [CLS] and [SEP] by name), a piece typed right after
@@ -50,10 +53,27 @@ def view_mode(bundle: Bundle, runnable: list[str]) -> str:
             "--view",
         )
     verified = [m for m in with_view if models[m].verified is not False]
-    for mode in PREFERENCE:
-        if mode in verified:
-            return mode
-    return (verified or with_view)[0]
+    faithful = [m for m in verified if models[m].attention.faithful is not False]
+    for candidates in (faithful, verified):
+        for mode in (*PREFERENCE, *candidates):
+            if mode in candidates:
+                return mode
+    return with_view[0]
+
+
+def unfaithful_note(bundle: Bundle, mode: str) -> str | None:
+    """What the page and the command say of a view export marked not faithful, or None."""
+    entry = bundle.manifest.models[mode]
+    check = entry.attention
+    if check is None or check.faithful is not False:
+        return None
+    misses = "; ".join(check.misses()) or "its figures are not recorded"
+    rows = f" over {check.parity.rows:,} rows" if check.parity is not None else ""
+    held = "its predictions are verified; " if entry.verified else ""
+    return (
+        f"{mode}'s attention view is not faithful to the float model: export measured{rows} "
+        f"{misses}; {held}read these weights as approximate"
+    )
 
 
 def write_view(
@@ -95,6 +115,9 @@ def write_view(
         )
     device = [outputs[name][0] for name in names]
     notes = [f"attention from {mode} on {runtime.name} {runtime.version}"]
+    unfaithful = unfaithful_note(bundle, mode)
+    if unfaithful is not None:
+        notes.insert(0, unfaithful)
     reference = reference_probs = None
     if sample is not None and bundle.attention is not None:
         if sample < bundle.attention[0].shape[0]:

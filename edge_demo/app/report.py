@@ -81,6 +81,11 @@ def parity_table(
         result = "PASS" if r.passed else "FAIL"
         rows.append([r.mode, result, *(cell(r) for _, cell, _ in columns)])
         notes.extend(f"{r.mode}: FAIL: {failure}" for failure in r.failures)
+        if r.view_excused:  # the manifest says so: the predictions are what is judged
+            notes.append(
+                f"{r.mode}: attention view not faithful (so marked at export; not a failure): "
+                + "; ".join(r.attention_failures)
+            )
         if r.attention_status == "n/a":
             notes.append(f"{r.mode}: attention n/a: {r.attention_note}")
     right = {i + 2 for i, (header, _, _) in enumerate(columns) if header != "thresholds"}

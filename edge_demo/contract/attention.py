@@ -47,18 +47,35 @@ def output_name(layer: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCheck:
-    """A mode entry's `attention`: the signature to run, its thresholds, its figures."""
+    """A mode entry's `attention`: the signature to run, its thresholds, its figures.
+
+    `faithful`: export's verdict on the view. True: its weights met the
+    thresholds. False: they did not, while the mode's task outputs did, so
+    the model is kept and verified for its task and its view is marked (the
+    device's parity run reports the misses without failing the mode, and its
+    head view says so with the figures; docs/artifacts.md says why). None:
+    not recorded (bundles before the field, where every verified mode's view
+    met them): the device then holds the view to its thresholds.
+    """
 
     signature: str
     thresholds: AttentionThresholds
     parity: AttentionParity | None = None
+    faithful: bool | None = None
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "signature": self.signature,
             "thresholds": self.thresholds.to_json(),
             "parity": None if self.parity is None else self.parity.to_json(),
         }
+        if self.faithful is not None:
+            data["faithful"] = self.faithful
+        return data
+
+    def misses(self) -> list[str]:
+        """The thresholds export's figures miss, one line each (none without figures)."""
+        return [] if self.parity is None else self.thresholds.failures(self.parity)
 
     @classmethod
     def from_json(cls, fields: Fields, data: dict, key: str, prefix: str) -> AttentionCheck:
@@ -68,6 +85,7 @@ class AttentionCheck:
             fields.string(entry, "signature", prefix),
             AttentionThresholds.from_json(fields, entry, "thresholds", prefix),
             AttentionParity.from_json(entry.get("parity")),
+            fields.optional(entry, "faithful", bool, prefix),
         )
 
 

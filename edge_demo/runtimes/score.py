@@ -4,6 +4,11 @@
 call: the figures come from `parity.measure`, the verdict from the
 manifest's `Thresholds.failures`. Also measured: latency p50/p90/p99, load
 time and peak memory.
+
+The attention view is checked too (`attention_parity`); its misses are
+`attention_failures`, and they fail the mode unless the manifest marks the
+view not faithful (`AttentionCheck.faithful` false: export kept a model
+whose predictions hold and whose view does not; docs/artifacts.md).
 """
 
 from __future__ import annotations
@@ -64,6 +69,22 @@ class ModeResult:
     attention_tail_share: float = math.nan  # rows beyond the mode's tail |Δ| (int8)
     attention_thresholds: AttentionThresholds | None = None
     attention_note: str = ""
+    # The attention thresholds missed here, whether or not they fail the mode:
+    # they are in `failures` too unless the manifest marks the view not faithful.
+    attention_failures: list[str] = dataclasses.field(default_factory=list)
+    attention_faithful: bool | None = None  # the manifest's `attention.faithful`
+
+    @property
+    def view_excused(self) -> bool:
+        """The view misses its thresholds, as the manifest says it does: not a failure."""
+        return bool(self.attention_failures) and self.attention_faithful is False
+
+    @property
+    def task_failures(self) -> list[str]:
+        """`failures` without the attention view's: what the task's outputs miss
+        (and a model that would not run)."""
+        view = set(self.attention_failures)
+        return [f for f in self.failures if f not in view]
 
     @property
     def parity(self) -> Parity:
@@ -210,10 +231,11 @@ def run_mode(
     if bad:
         failures.insert(0, f"{bad} output value(s) are NaN or infinite")
     p50, p90, p99 = np.percentile(latencies_ns / 1e3, [50, 90, 99])
-    figures = (
-        {"failures": []} if uses_deploy(runtime) else _attention(bundle, mode, runtime, threads)
-    )
-    failures.extend(figures.pop("failures"))
+    figures = {} if uses_deploy(runtime) else _attention(bundle, mode, runtime, threads)
+    check = bundle.manifest.models[mode].attention
+    faithful = None if check is None else check.faithful
+    if faithful is not False:  # a view marked not faithful misses without failing
+        failures.extend(figures.get("attention_failures", []))
     return ModeResult(
         mode=mode,
         status="failed" if failures else "passed",
@@ -237,12 +259,14 @@ def run_mode(
         timed_invocations=int(latencies_ns.size),
         thresholds=entry.thresholds,
         failures=failures,
+        attention_faithful=faithful,
         **figures,
     )
 
 
 def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dict:
-    """The mode's attention against `attention.npz`: ModeResult fields, and `failures`.
+    """The mode's attention against `attention.npz`: ModeResult fields (its misses in
+    `attention_failures`).
 
     Runs the first `attention.samples` eval samples through the entry's
     attention signature in a fresh interpreter (the classifier's latency
@@ -253,8 +277,8 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
     entry = bundle.manifest.models[mode]
     check, reference = entry.attention, bundle.attention
     if check is None or reference is None:
-        return {"failures": []}
-    found: dict = {"attention_thresholds": check.thresholds, "failures": []}
+        return {}
+    found: dict = {"attention_thresholds": check.thresholds}
     samples = reference[0].shape[0]
     model = EdgeModel(
         runtime, bundle.model_bytes[mode], threads, str(bundle.path(entry.file)), bundle.pad_id
@@ -291,5 +315,5 @@ def _attention(bundle: Bundle, mode: str, runtime: Runtime, threads: int) -> dic
         "attention_agreement": parity.argmax_agreement,
         "attention_rows": parity.rows,
         "attention_tail_share": parity.tail_share,
-        "failures": failures,
+        "attention_failures": failures,
     }
