@@ -100,6 +100,19 @@ def test_the_command_refuses_in_one_line_with_exit_2_before_tensorflow(tmp_path)
         assert not (tmp_path / "run").exists()
 
 
+def test_a_length_past_the_checkpoints_positions_is_one_line_with_exit_2(tmp_path, capsys):
+    """Found by the README's commands on a small checkpoint: this was exit 3, an
+    internal error, for what is bad input (MiniLM has 512 positions)."""
+    from keras_mha.train.cli import main
+
+    good = write(tmp_path / "good.csv", GOOD_CSV)
+    argv = ["--from", "all-MiniLM-L6-v2", "--data", str(good), "--max-length", "600"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--max-length: 600 exceeds" in err and "512" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_held_out_split_is_stratified_disjoint_and_seeded():
     y = np.repeat(np.arange(5), [2, 3, 10, 40, 7])
     train, test = finetune.split(y, 0.2, seed=3)

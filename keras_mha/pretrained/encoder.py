@@ -8,6 +8,7 @@ import pathlib
 import numpy as np
 
 from edge_demo.contract.subwords import Subwords
+from edge_demo.errors import UsageError
 from keras_mha.pretrained.bert import build_encoder, load_weights
 from keras_mha.pretrained.checkpoint import Checkpoint, resolve
 from keras_mha.pretrained.config import BertConfig
@@ -92,15 +93,16 @@ def load(
     config = checkpoint.config
     if max_length > config.max_length:
         offset = f" less the first position {config.position_offset}"
-        raise ValueError(
-            f"max_length {max_length} exceeds the checkpoint's max_position_embeddings "
-            f"{config.max_positions}" + (offset if config.position_offset else "")
+        raise UsageError(
+            f"{max_length} exceeds the checkpoint's max_position_embeddings "
+            f"{config.max_positions}" + (offset if config.position_offset else ""),
+            "--max-length",
         )
     tokenizer = Subwords.load(checkpoint.tokenizer_file, max_length, config.pad_token_id)
     if tokenizer.vocab_size > checkpoint.config.vocab_size:
-        raise ValueError(
-            f"{checkpoint.tokenizer_file}: {tokenizer.vocab_size} tokens; the model embeds "
-            f"{checkpoint.config.vocab_size}"
+        raise UsageError(
+            f"{tokenizer.vocab_size} tokens; the model embeds {checkpoint.config.vocab_size}",
+            checkpoint.tokenizer_file,
         )
     model = build_encoder(checkpoint.config)
     load_weights(model, checkpoint.config, checkpoint.tensors())
