@@ -26,10 +26,26 @@ export KERAS_MHA_STRICT := $(if $(STRICT),1,0)
 # table; PYTEST_ARGS goes to the main pytest run (.ci/run: --durations=25).
 TEST_RESULTS := .cache/test-results
 PYTEST_ARGS ?=
+# The tests run in PYTEST_JOBS processes (pytest-xdist), a test file to each at
+# a time, so a file's module fixtures are made once; what several files share
+# (the trained runs, their exports) is made once per run (tests/once.py).
+# PYTEST_JOBS=1: one process.
+PYTEST_JOBS ?= 2
+XDIST = $(if $(filter-out 0 1,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
 # ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
 SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
 
-.PHONY: install edge-venvs lint format test test-prereqs test-fast test-summary fuzz demo finetune npu heads heads-needs-run bench clean
+.PHONY: install edge-venv edge-venvs lint format test test-prereqs test-fast test-summary fuzz demo finetune npu heads heads-needs-run bench clean
+
+# Which runtimes have wheels for this Python (the edge venvs below, mk/micro.mk).
+# PYTHON_TAG, e.g. "cpython-3.11-x86_64", decides it.
+PYTHON_TAG := $(or $(shell $(PYTHON) -c 'import platform, sys; print(f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}-{platform.machine()}")' 2>/dev/null),an unknown Python)
+TFLITE_WHEEL := $(filter $(foreach v,8 9 10 11,$(foreach m,x86_64 aarch64,cpython-3.$(v)-$(m))),$(PYTHON_TAG))
+MICRO_WHEEL := $(filter cpython-3.11-x86_64,$(PYTHON_TAG))
+# $(call no_wheel,VENV,WHAT,WHICH): the one line, and VENV/.skipped for the tests.
+define no_wheel
+	@mkdir -p $(1) && echo "$(2): no wheel for $(PYTHON_TAG) ($(3)); skipped, and so are its tests" | tee $(1)/.skipped
+endef
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
 # emulated 64-bit ARM. Each appends to TEST_PREREQS / TEST_AFTER.
@@ -57,17 +73,30 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@
 
-# TensorFlow-free environments for the edge demo: LiteRT (numpy 2) and
-# tflite-runtime 2.14 (needs numpy<2, Python <= 3.11).
+# TensorFlow-free environments for the edge demo: LiteRT (numpy 2; what make
+# demo and every other target uses) and, for make test, tflite-runtime 2.14
+# (numpy<2), whose last wheels are for CPython 3.8-3.11 on Linux x86-64 and
+# aarch64. Elsewhere it is skipped in one line and its tests skip (a strict
+# run fails them: CI runs on a Python that has the wheels). TFLite Micro
+# (mk/micro.mk) likewise: CPython 3.11 on x86-64 only.
+edge-venv: $(EDGE_VENV)/.installed
 edge-venvs: $(EDGE_VENV)/.installed $(TFLITE_VENV)/.installed
 $(EDGE_VENV)/.installed: edge_demo/requirements.txt
 	test -x $(EDGE_PY) || $(PYTHON) -m venv $(EDGE_VENV)
 	$(EDGE_PY) -m pip install -q -r edge_demo/requirements.txt
 	touch $@
+
+ifneq ($(TFLITE_WHEEL),)
 $(TFLITE_VENV)/.installed: edge_demo/requirements-tflite-runtime.txt
 	test -x $(TFLITE_VENV)/bin/python || $(PYTHON) -m venv $(TFLITE_VENV)
 	$(TFLITE_VENV)/bin/python -m pip install -q -r edge_demo/requirements-tflite-runtime.txt
+	rm -f $(TFLITE_VENV)/.skipped
 	touch $@
+else
+.PHONY: $(TFLITE_VENV)/.installed
+$(TFLITE_VENV)/.installed:
+	$(call no_wheel,$(TFLITE_VENV),tflite-runtime 2.14,CPython 3.8-3.11 on x86_64 or aarch64 only)
+endif
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -84,7 +113,7 @@ test-prereqs: install edge-venvs lint $(TEST_PREREQS)
 test: test-prereqs
 	rm -rf $(TEST_RESULTS) && mkdir -p $(TEST_RESULTS)
 	@s=0; \
-	$(PY) -m pytest --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || s=1; \
+	$(PY) -m pytest $(XDIST) --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || s=1; \
 	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory -k $(TEST_AFTER) || s=1;) \
 	$(SUMMARY) || s=1; \
 	exit $$s
@@ -96,7 +125,7 @@ test-summary:
 # does for each that trains or exports a model. make test runs them all. The
 # backend venvs too: the tiny BERT's reference runs in the torch venv.
 test-fast: install edge-venvs backend-venvs
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The device against hostile bundles, longer than make test's bounded part
 # (tests/fuzz/, docs/hostile_bundles.md): the parsers under hypothesis, then
@@ -104,11 +133,11 @@ test-fast: install edge-venvs backend-venvs
 # .venv-edge, each classified (exit, signal, timeout, traceback, memory).
 FUZZ_CASES ?= 2000
 FUZZ_SEED ?= 1
-fuzz: install edge-venvs
+fuzz: install edge-venv
 	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:cacheprovider tests/fuzz/test_fuzz_parsers.py
 	nice -n 10 $(PY) tests/fuzz/campaign.py --build -n $(FUZZ_CASES) --seed $(FUZZ_SEED) --python $(EDGE_PY) --report .cache/fuzz-report.json
 
-demo: install edge-venvs
+demo: install edge-venv
 	$(PY) -m keras_mha.train --dataset $(DATASET) --out $(RUN) --overwrite
 	$(PY) -m keras_mha_export $(RUN) --out $(RUN)/bundle --quant $(QUANT) --overwrite
 	$(EDGE_PY) -m edge_demo $(RUN)/bundle --json $(RUN)/edge_report.json
@@ -123,7 +152,7 @@ FT_DATA ?= runs/data/pronouns.csv
 FT_RUN ?= runs/pronouns_minilm
 FT_QUANT ?= float32,dynamic,float16
 SCRATCH_RUN ?= runs/pronouns
-finetune: install edge-venvs
+finetune: install edge-venv
 	$(PY) -m keras_mha.examples pronouns $(FT_DATA)
 	$(PY) -m keras_mha.train --from all-MiniLM-L6-v2 --data $(FT_DATA) --out $(FT_RUN) --overwrite
 	$(PY) -m keras_mha_export $(FT_RUN) --out $(FT_RUN)/bundle --quant $(FT_QUANT) --overwrite
@@ -147,7 +176,7 @@ NPU_RUNS ?= runs/digits:int8,int16x8 runs/pronouns:int8,int16x8
 NPU_IMPORTED ?= runs/minilm
 NPU_ENCODER ?= runs/minilm_int16
 NPU_LENGTH ?= 128
-npu: install edge-venvs
+npu: install edge-venv
 	@set -e; for spec in $(NPU_RUNS); do \
 	  run=$${spec%%:*}; quant=$${spec#*:}; dataset=$$(basename $$run); \
 	  test -f $$run/model.keras || $(PY) -m keras_mha.train --dataset $$dataset --out $$run --overwrite; \
@@ -163,7 +192,7 @@ npu: install edge-venvs
 # (FINETUNE_EPOCHS of training after it, 0: none) into PRUNED, exported and run
 # on LiteRT. SPLIT: the non-test split importance is averaged over;
 # RECONSTRUCT=--no-reconstruct skips the refit.
-heads: heads-needs-run install edge-venvs
+heads: heads-needs-run install edge-venv
 	$(PY) -m keras_mha.heads importance $(RUN) --split $(SPLIT)
 	$(PY) -m keras_mha.heads curve $(RUN) --split $(SPLIT) $(RECONSTRUCT)
 	$(PY) -m keras_mha.heads plot $(RUN) --sample $(SAMPLE)
@@ -175,7 +204,7 @@ heads: heads-needs-run install edge-venvs
 heads-needs-run:
 	@test -f $(RUN)/model.keras || { echo "make heads: $(RUN)/model.keras is missing; run make demo RUN=$(RUN) DATASET=$(DATASET) first" >&2; exit 2; }
 
-bench: install edge-venvs
+bench: install edge-venv
 	$(PY) benchmarks/bench_attention.py --json benchmarks/results/attention.json
 	$(PY) benchmarks/bench_edge.py --json benchmarks/results/edge.json
 	$(PY) benchmarks/int8_kernels.py --json benchmarks/results/int8_kernels.json

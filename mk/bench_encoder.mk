@@ -26,7 +26,7 @@ ENCODER_STAMP := $(TORCH_VENV)/.encoder-installed
 # imported from its pinned wheel, its coreference heads probed (the bundle
 # names the best one), exported in the float and dynamic-range modes,
 # verified, then the device's parity table and a search.
-encoder: install edge-venvs
+encoder: install edge-venv
 	$(PY) -m keras_mha.pretrained all-MiniLM-L6-v2 --out $(ENCODER_RUN) --overwrite
 	$(PY) -m keras_mha.heads coref $(ENCODER_RUN)
 	$(PY) -m keras_mha_export $(ENCODER_RUN) --out $(ENCODER_RUN)/bundle --quant float32,dynamic,float16 --overwrite

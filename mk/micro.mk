@@ -8,9 +8,16 @@ MICRO_PY := $(MICRO_VENV)/bin/python
 
 .PHONY: micro-venv
 micro-venv: $(MICRO_VENV)/.installed
+ifneq ($(MICRO_WHEEL),)
 $(MICRO_VENV)/.installed: edge_demo/requirements-tflite-micro.txt
 	test -x $(MICRO_PY) || $(PYTHON) -m venv $(MICRO_VENV)
 	$(MICRO_PY) -m pip install -q -r edge_demo/requirements-tflite-micro.txt
+	rm -f $(MICRO_VENV)/.skipped
 	touch $@
+else
+.PHONY: $(MICRO_VENV)/.installed
+$(MICRO_VENV)/.installed:
+	$(call no_wheel,$(MICRO_VENV),TensorFlow Lite Micro,CPython 3.11 on x86_64 only)
+endif
 
 TEST_PREREQS += micro-venv

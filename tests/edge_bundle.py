@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 import pytest
-from environment import missing
+from environment import venv_python
 
 from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
 from edge_demo.contract.files import sha256_file
@@ -48,9 +48,7 @@ def edge_python(runtime: str) -> pathlib.Path:
     """The TensorFlow-free interpreter for `runtime`; `missing(...)` if the venv is not there."""
     env_var, default = EDGE_VENVS[runtime]
     path = pathlib.Path(os.environ.get(env_var) or default)
-    if not path.exists():
-        missing(f"{path} (run `make edge-venvs` or set {env_var}; `make test` creates it)")
-    return path
+    return venv_python(path, f"run `make edge-venvs` or set {env_var}; `make test` creates it")
 
 
 def export_command(run_dir: pathlib.Path, out: pathlib.Path, quant: str = "all"):

@@ -34,3 +34,21 @@ def missing(what: str) -> None:
         message = f"strict run: {what} is missing (set {STRICT_VARIABLE}=0 to skip instead)"
         pytest.fail(message, pytrace=False)  # one line, no traceback
     pytest.skip(f"{what} is missing")
+
+
+def venv_python(path, how: str):
+    """`path` (a venv's bin/python) if it exists, else `missing(...)`.
+
+    Where make skipped the venv because its runtime has no wheel for this
+    Python (tflite-runtime, TFLite Micro), the venv's `.skipped` file says so,
+    and that line is the reason given.
+    """
+    import pathlib
+
+    path = pathlib.Path(path)
+    if path.exists():
+        return path
+    skipped = path.parent.parent / ".skipped"
+    if skipped.is_file():
+        missing(f"{path} ({skipped.read_text().strip()})")
+    missing(f"{path} ({how})")

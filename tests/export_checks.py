@@ -7,12 +7,11 @@ import pathlib
 import subprocess
 
 import numpy as np
-from edge_bundle import REPO, run_main
+from edge_bundle import edge_python, run_main
 
 from edge_demo.contract.files import sha256_file
 from keras_mha_export.cli import main
 
-TFLITE_RUNTIME_PYTHON = REPO / ".venv-edge-tflite" / "bin" / "python"
 FLOATS = {"float16", "float32", "float64"}
 # Lines TensorFlow, the converter or LiteRT print when nobody silences them.
 NOISE = (
@@ -74,7 +73,7 @@ def tflite_runtime_loads(paths: list[pathlib.Path]) -> dict[str, bool]:
         "print(json.dumps(result))\n"
     )
     done = subprocess.run(
-        [str(TFLITE_RUNTIME_PYTHON), "-c", script, *map(str, paths)],
+        [str(edge_python("tflite-runtime")), "-c", script, *map(str, paths)],
         capture_output=True,
         text=True,
         check=True,
@@ -111,7 +110,7 @@ def tflite_runtime_outputs(path: pathlib.Path, x: np.ndarray, scratch: pathlib.P
     directory for the inputs and outputs)."""
     np.savez(scratch / "oracle_x.npz", x=x)
     subprocess.run(
-        [str(TFLITE_RUNTIME_PYTHON), "-c", _TFLITE_RUNTIME_OUTPUTS, str(path),
+        [str(edge_python("tflite-runtime")), "-c", _TFLITE_RUNTIME_OUTPUTS, str(path),
          str(scratch / "oracle_x.npz"), str(scratch / "oracle_y.npy")],
         capture_output=True, text=True, check=True,
     )  # fmt: skip

@@ -19,12 +19,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from environment import missing
+from edge_bundle import edge_python
 
 pytestmark = pytest.mark.slow
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-TFLITE_PY = REPO / ".venv-edge-tflite" / "bin" / "python"
 MODES = ("float32", "dynamic", "float16", "int8", "int16x8")
 # Attention weights lie in [0, 1]. float32 computes the same math (1e-5, as
 # for the probabilities); float16 rounds weights to 11 significant bits
@@ -447,8 +446,7 @@ def test_tflite_runtime_214_classifies_as_before(converted, tmp_path):
     This caught its XNNPACK delegate moving the float16 weights of the
     classifier when a second delegated subgraph was prepared (0.98 off).
     """
-    if not TFLITE_PY.exists():
-        missing(f"{TFLITE_PY} (tflite-runtime 2.14's venv; make edge-venvs creates it)")
+    edge_python("tflite-runtime")  # or missing(...): its venv, when this Python has the wheel
     result = _tflite_runtime_results(converted["models"], converted["x"][:20], tmp_path)
     refused = ("load:", "run:")
     # What 2.14 ran before (docs/artifacts.md); a token model's int8 masked
@@ -478,7 +476,7 @@ def _tflite_runtime_results(models: dict[str, tuple[bytes, bytes]], x, tmp_path)
         (tmp_path / f"both_{mode}.tflite").write_bytes(both)
     np.savez(tmp_path / "x.npz", x=x)
     proc = subprocess.run(
-        [str(TFLITE_PY), "-c", _TFLITE_SCRIPT, str(tmp_path / "x.npz"), ",".join(models), str(tmp_path)],
+        [str(edge_python("tflite-runtime")), "-c", _TFLITE_SCRIPT, str(tmp_path / "x.npz"), ",".join(models), str(tmp_path)],
         capture_output=True, text=True, check=False, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -491,8 +489,7 @@ def test_tflite_runtime_214_float16_of_a_trained_model(digits_run, tmp_path):
     With the view subgraph delegated too, this model's float16 probabilities
     came out 0.9998 off; untrained models did not show it.
     """
-    if not TFLITE_PY.exists():
-        missing(f"{TFLITE_PY} (tflite-runtime 2.14's venv; make edge-venvs creates it)")
+    edge_python("tflite-runtime")  # or missing(...): its venv, when this Python has the wheel
     import keras
 
     from keras_mha_export.convert import convert, write_attention_saved_model, write_saved_model

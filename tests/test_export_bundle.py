@@ -11,9 +11,8 @@ import sys
 
 import numpy as np
 import pytest
-from edge_bundle import REPO
-from environment import missing
-from export_checks import NOISE, TFLITE_RUNTIME_PYTHON, litert_outputs, sha256, tflite_runtime_loads
+from edge_bundle import REPO, edge_python
+from export_checks import NOISE, litert_outputs, sha256, tflite_runtime_loads
 
 from edge_demo.contract.bundle import open_bundle
 from edge_demo.contract.manifest import MODES
@@ -176,8 +175,7 @@ def test_manifest_checksums_sizes_and_copies(exported):
 
 @pytest.mark.slow
 def test_runtime_claims_match_tflite_runtime_214(exported):
-    if not TFLITE_RUNTIME_PYTHON.exists():
-        missing(f"{TFLITE_RUNTIME_PYTHON} (tflite-runtime 2.14's venv; make edge-venvs)")
+    edge_python("tflite-runtime")  # or missing(...): its venv, when this Python has the wheel
     models = exported["manifest"]["models"]
     loads = tflite_runtime_loads([exported["out"] / e["file"] for e in models.values()])
     assert {m: e["runtimes"]["tflite-runtime"] for m, e in models.items()} == {

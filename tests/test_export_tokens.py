@@ -8,10 +8,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from environment import missing
+from edge_bundle import edge_python
 from export_checks import (
     FLOATS,
-    TFLITE_RUNTIME_PYTHON,
     litert_outputs,
     run_cli,
     sha256,
@@ -128,8 +127,7 @@ def test_token_model_exports_float32_and_integer_int8(token_files, token_bundle,
 @pytest.mark.slow
 def test_token_runtime_claims_match_tflite_runtime_214(token_bundle):
     """The manifest's tflite-runtime claims are what 2.14 does with the files."""
-    if not TFLITE_RUNTIME_PYTHON.exists():
-        missing(f"{TFLITE_RUNTIME_PYTHON} (tflite-runtime 2.14's venv; make edge-venvs)")
+    edge_python("tflite-runtime")  # or missing(...): its venv, when this Python has the wheel
     manifest = json.loads((token_bundle / "manifest.json").read_text())
     loads = tflite_runtime_loads(
         [token_bundle / "model_float32.tflite", token_bundle / "model_int8.tflite"]
@@ -182,6 +180,8 @@ def test_a_token_model_s_int16x8_is_made_by_ai_edge_quantizer(token_files, tmp_p
     figure("int8 attention max |Δ|", attention["int8"], "reference")
     figure("int16x8 / int8 attention max |Δ|", attention["int16x8"] / attention["int8"], "<= 0.5")
     assert attention["int16x8"] <= 0.5 * attention["int8"], attention
+    for mode in ("int8", "int16x8"):  # verified says the predictions; faithful, the view
+        assert manifest.models[mode].attention.faithful is True, manifest.models[mode].attention
     # TFLite Micro has no int16 REDUCE_MIN (the masked scores' floor): a verdict
     # in the manifest, not a failed export.
     micro = manifest.models["int16x8"].micro

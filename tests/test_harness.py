@@ -370,3 +370,51 @@ def test_keras_hub_beside_tensorflow_only_where_the_shared_packages_match(monkey
         [],
         "keras-hub's test helpers need TensorFlow: .venv is missing",
     )
+
+
+def test_a_runtime_without_a_wheel_for_this_python_is_skipped_in_one_line(tmp_path, monkeypatch):
+    """tflite-runtime 2.14 (CPython <= 3.11) and TFLite Micro (3.11, x86-64): on another
+    Python make says so in one line and goes on, and the tests read why from .skipped."""
+    fake = tmp_path / "python"  # answers the Makefile's question as a CPython 3.12 would
+    fake.write_text("#!/bin/sh\necho cpython-3.12-x86_64\n")
+    fake.chmod(0o755)
+    tflite, micro = tmp_path / "tflite", tmp_path / "micro"
+    make = ["make", "-s", "-C", str(REPO), f"PYTHON={fake}", f"TFLITE_VENV={tflite}"]
+    make += [f"MICRO_VENV={micro}", f"{tflite}/.installed", f"{micro}/.installed"]
+    proc = subprocess.run(make, env=_env("1"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines == [
+        "tflite-runtime 2.14: no wheel for cpython-3.12-x86_64 (CPython 3.8-3.11 on x86_64 "
+        "or aarch64 only); skipped, and so are its tests",
+        "TensorFlow Lite Micro: no wheel for cpython-3.12-x86_64 (CPython 3.11 on x86_64 "
+        "only); skipped, and so are its tests",
+    ]
+    assert (tflite / ".skipped").read_text().strip() == lines[0]
+    assert not (tflite / ".installed").exists() and not (tflite / "bin").exists()
+    monkeypatch.setenv("KERAS_MHA_STRICT", "1")  # CI: a test that needs it fails, saying why
+    with pytest.raises(pytest.fail.Exception, match="no wheel for cpython-3.12-x86_64"):
+        environment.venv_python(tflite / "bin" / "python", "make edge-venvs")
+
+
+def test_make_demo_needs_only_litert(tmp_path):
+    """make demo (and every target but make test's) builds the LiteRT venv alone."""
+    venvs = {name: tmp_path / name for name in ("EDGE_VENV", "TFLITE_VENV", "MICRO_VENV")}
+    for target in ("demo", "finetune", "heads", "npu", "encoder", "bench", "fuzz"):
+        make = ["make", "-n", "-C", str(REPO), target, f"RUN={tmp_path / 'run'}"]
+        make += [f"{name}={path}" for name, path in venvs.items()]  # none exists: -n shows each
+        proc = subprocess.run(make, env=_env("0"), capture_output=True, text=True, timeout=60)
+        assert (
+            f"{venvs['EDGE_VENV']} -m venv" in proc.stdout
+            or f"{venvs['EDGE_VENV']}/bin" in proc.stdout
+        ), (target, proc.stdout[-2000:])
+        assert str(venvs["TFLITE_VENV"]) not in proc.stdout, target
+        assert str(venvs["MICRO_VENV"]) not in proc.stdout, target
+    proc = subprocess.run(  # while make test builds all three
+        ["make", "-n", "-C", str(REPO), "test-prereqs", *[f"{k}={v}" for k, v in venvs.items()]],
+        env=_env("0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert all(f"-m venv {path}" in proc.stdout for path in venvs.values()), proc.stdout[-2000:]

@@ -19,7 +19,7 @@ import subprocess
 
 import numpy as np
 import pytest
-from environment import missing
+from environment import venv_python
 
 from edge_demo.contract.parity import Thresholds, measure
 from edge_demo.contract.tensors import TensorSpec
@@ -75,11 +75,9 @@ def micro_python() -> pathlib.Path:
     path = pathlib.Path(
         os.environ.get("KERAS_MHA_MICRO_PYTHON") or REPO / ".venv-edge-micro" / "bin" / "python"
     )
-    if not path.exists():
-        missing(
-            f"{path} (run `make micro-venv` or set KERAS_MHA_MICRO_PYTHON; `make test` creates it)"
-        )
-    return path
+    return venv_python(
+        path, "run `make micro-venv` or set KERAS_MHA_MICRO_PYTHON; `make test` creates it"
+    )
 
 
 def _litert(content: bytes):
