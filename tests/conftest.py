@@ -20,6 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import pytest
 from environment import missing
+from once import once_per_run
 from summary import part_of
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -56,6 +57,16 @@ def pytest_collection_modifyitems(config, items):
         part = part_of(item)
         if part is not None:
             item.user_properties.append(("part", part))
+
+
+def pytest_report_header(config):
+    """Where the tests' random examples come from, so a failure can be replayed."""
+    profile = os.environ.get("HYPOTHESIS_PROFILE", "test")
+    how = {
+        "test": "derandomized: the same examples every run (a fixed seed per test)",
+        "fuzz": "new examples every run (make fuzz; a failure prints its reproduce blob)",
+    }.get(profile, "a profile of your own")
+    return f"hypothesis profile {profile!r} (tests/fuzz/test_fuzz_parsers.py): {how}"
 
 
 def make_digits_run(out: pathlib.Path, epochs: int = 40, seed: int = 0, **config) -> pathlib.Path:
@@ -100,8 +111,10 @@ def make_digits_run(out: pathlib.Path, epochs: int = 40, seed: int = 0, **config
 
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory) -> pathlib.Path:
-    """A trained digits run directory, made once per test session. Read-only."""
-    return make_digits_run(tmp_path_factory.mktemp("digits_run") / "run")
+    """A trained digits run directory, made once per test run. Read-only."""
+    return (
+        once_per_run(tmp_path_factory, "digits_run", lambda d: make_digits_run(d / "run")) / "run"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -112,10 +125,19 @@ def augmented_run(tmp_path_factory) -> pathlib.Path:
     """
     from keras_mha.train import train
 
-    out = tmp_path_factory.mktemp("augmented") / "run"
-    options = dict(d_model=16, num_heads=2, num_layers=1, ff_dim=32, pooling="mean")
-    train("digits", out, epochs=3, shift_augment=True, dropout=0.1, verbose=0, **options)
-    return out
+    def make(folder: pathlib.Path) -> None:
+        options = dict(d_model=16, num_heads=2, num_layers=1, ff_dim=32, pooling="mean")
+        train(
+            "digits",
+            folder / "run",
+            epochs=3,
+            shift_augment=True,
+            dropout=0.1,
+            verbose=0,
+            **options,
+        )
+
+    return once_per_run(tmp_path_factory, "augmented_run", make) / "run"
 
 
 @pytest.fixture

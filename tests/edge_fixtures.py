@@ -17,6 +17,7 @@ import subprocess
 import pytest
 from edge_bundle import REPO, export_bundle, export_command, make_text_run
 from environment import missing
+from once import once_per_run
 
 
 @pytest.fixture(scope="session")
@@ -25,15 +26,19 @@ def digits_export(digits_run, tmp_path_factory) -> dict:
 
     {"out", "run", "status", "stdout", "stderr", "manifest" (dict or None)}.
     """
-    out = tmp_path_factory.mktemp("digits_bundle") / "bundle"
-    done = export_command(digits_run, out)
+
+    def make(folder: pathlib.Path) -> None:
+        done = export_command(digits_run, folder / "bundle")
+        result = {"status": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+        (folder / "command.json").write_text(json.dumps(result))
+
+    folder = once_per_run(tmp_path_factory, "digits_export", make)
+    out = folder / "bundle"
     manifest = json.loads((out / "manifest.json").read_text()) if out.is_dir() else None
     return {
         "out": out,
         "run": digits_run,
-        "status": done.returncode,
-        "stdout": done.stdout,
-        "stderr": done.stderr,
+        **json.loads((folder / "command.json").read_text()),
         "manifest": manifest,
     }
 
@@ -48,14 +53,14 @@ def digits_bundle(digits_export) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def text_run(tmp_path_factory) -> pathlib.Path:
-    return make_text_run(tmp_path_factory.mktemp("text_run") / "run")
+    return once_per_run(tmp_path_factory, "text_run", lambda d: make_text_run(d / "run")) / "run"
 
 
 @pytest.fixture(scope="session")
 def text_bundle(text_run, tmp_path_factory) -> pathlib.Path:
     """A text bundle (vocab.json) in float32, float16 and int8. Read-only."""
-    out = tmp_path_factory.mktemp("text_bundle") / "bundle"
-    return export_bundle(text_run, out, "float32,float16,int8")
+    make = lambda d: export_bundle(text_run, d / "bundle", "float32,float16,int8")  # noqa: E731
+    return once_per_run(tmp_path_factory, "text_bundle", make) / "bundle"
 
 
 @pytest.fixture(scope="session")

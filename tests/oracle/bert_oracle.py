@@ -10,6 +10,7 @@ tokenizers); a test oracle, never imported by the library.
         [--family bert|distilbert|roberta|xlm-roberta]
         [--pooling mean|cls|max [--no-normalize]]
         [--head none|classifier|cross-encoder] [--labels N]
+    python tests/oracle/bert_oracle.py serve   (commands as JSON lines on stdin)
 
 SENTENCES.txt: one sentence a line; blank lines and lines starting with '#'
 are skipped (keras_mha/pretrained/corpus.txt is such a file).
@@ -981,5 +982,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def serve() -> int:
+    """`bert_oracle.py serve`: many commands in one process, so that torch and
+    transformers are imported once (about 8 s each time on 2 cores).
+
+    Reads one command a line on stdin, a JSON list of the arguments `main` takes,
+    and answers each with one JSON line on stdout: {"returncode", "stdout",
+    "stderr"}, what the command would have exited with and printed. Each command
+    seeds what it uses (setup_torch, --seed), so its files are the ones a process
+    of its own writes. Ends at the end of stdin.
+    """
+    import contextlib
+    import io
+    import traceback
+
+    answer = sys.stdout
+    for line in sys.stdin:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(json.loads(line))
+            except SystemExit as stop:  # argparse's --help
+                code = stop.code if isinstance(stop.code, int) else 1
+            except Exception:  # what a process of its own would show and exit 1 on
+                traceback.print_exc()
+                code = 1
+        reply = {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
+        answer.write(json.dumps(reply) + "\n")
+        answer.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == ["serve"] else main())
