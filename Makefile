@@ -108,13 +108,16 @@ format: install
 
 # Every test, then the table of every part (tests/summary.py): it fails when a
 # part failed or ran no test. A failed part does not hide the rest: the main
-# pytest run, then every TEST_AFTER part (make -k), then the whole table.
+# pytest run and, beside it, every TEST_AFTER part (make -k; their output is
+# shown when they end, TEST_RESULTS/after.log), then the whole table. Side by
+# side, they keep both cores busy: one part alone leaves one idle much of the time.
 test-prereqs: install edge-venvs lint $(TEST_PREREQS)
 test: test-prereqs
 	rm -rf $(TEST_RESULTS) && mkdir -p $(TEST_RESULTS)
-	@s=0; \
+	@s=0; after=; \
+	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory -k $(TEST_AFTER) >$(TEST_RESULTS)/after.log 2>&1 & after=$$!;) \
 	$(PY) -m pytest $(XDIST) --junitxml=$(TEST_RESULTS)/pytest.xml $(PYTEST_ARGS) || s=1; \
-	$(if $(strip $(TEST_AFTER)),$(MAKE) --no-print-directory -k $(TEST_AFTER) || s=1;) \
+	if [ -n "$$after" ]; then wait $$after || s=1; echo "=== $(TEST_AFTER) (beside pytest):"; cat $(TEST_RESULTS)/after.log; fi; \
 	$(SUMMARY) || s=1; \
 	exit $$s
 

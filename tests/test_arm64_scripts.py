@@ -356,8 +356,8 @@ def _mode_skipped(machine, bundle, raw, report):
         report["modes"]["int16x8"].update(passed=None, skipped=True, reason="no kernel")
 
 
-def _mode_missing(machine, bundle, raw, report):
-    if machine == "cortex-a72" and bundle == "text":
+def _mode_missing(machine, bundle, raw, report):  # on the CPU that runs float16 (float_cpu)
+    if machine == "cortex-a76" and bundle == "text":
         del report["modes"]["float16"]
         del raw["float16"]
 
@@ -473,7 +473,7 @@ def _reranker_float_off(machine, bundle, raw, report):  # a float mode keeps the
         (_int8_nan, 1, "digits float16 on cortex-a76 vs x86-64: max |Δ| inf"),
         (_mode_failed, 1, "digits int8 on cortex-a76: missed the manifest's thresholds"),
         (_mode_skipped, 1, "digits int16x8 on cortex-a72: skipped (no kernel)"),
-        (_mode_missing, 2, "text float16 on cortex-a72: not in the report"),
+        (_mode_missing, 2, "text float16 on cortex-a76: not in the report"),
         # A trailing newline: the whole line, so nothing else (max |Δ|) failed with it.
         (
             _encoder_turned,
@@ -553,6 +553,60 @@ def test_summary_passes_at_the_bounds(tmp_path):
     assert "min cosine 0.992630" in proc.stdout
 
 
+def _float_modes_once(machine, bundle, raw, report):  # what test.sh now writes
+    for mode, owner in (("float32", "cortex-a72"), ("float16", "cortex-a76")):
+        if machine in CPUS and machine != owner and mode in report["modes"]:
+            del report["modes"][mode]
+            del raw[mode]
+
+
+def test_each_float_mode_runs_on_one_cpu_and_every_integer_mode_on_each(tmp_path):
+    """Float arithmetic is the same on both cores (within 4e-6 of x86-64), the integer
+    kernels are not: test.sh runs float32 on the first CPU, float16 on the second, and
+    the integer modes on both; the gate requires exactly that."""
+    out = _write_results(tmp_path / "results", _float_modes_once)
+    proc = _summary(out)
+    assert proc.returncode == 0, proc.stderr
+    float_runs = sum(m in ("float32", "float16") for modes in MODES.values() for m in modes)
+    assert json.loads((out / "summary.json").read_text())["passed"] == CHECKS - 2 * float_runs
+    lines = proc.stdout.splitlines()
+    row = "| float16 | 0.9583 / 1.0000 / 0.01 PASS | on cortex-a76 | 0.9583 / 1.0000 / 0.01 PASS |"
+    assert row in lines
+    cell = "1 of 3600; max 7e-07; top-1 same 1.0000"
+    assert f"| float32 | {cell} | on cortex-a72 |" in lines
+
+    # the CPU a float mode is given must run it
+    def also_missing(machine, bundle, raw, report):
+        _float_modes_once(machine, bundle, raw, report)
+        if machine == "cortex-a72" and bundle == "digits":
+            del report["modes"]["float32"], raw["float32"]
+
+    out = _write_results(tmp_path / "broken", also_missing)
+    proc = _summary(out)
+    assert proc.returncode == 1
+    assert "digits float32 on cortex-a72: not in the report" in proc.stderr
+    assert "digits float32 on cortex-a72: no raw outputs for the mode" in proc.stderr
+
+
+def test_modes_for_names_what_each_cpu_runs(tmp_path):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    models = {m: {} for m in ("float32", "dynamic", "float16", "int8", "int16x8")}
+    (bundle / "manifest.json").write_text(json.dumps({"models": models}))
+    script = str(ARM64 / "summary.py")
+    answers = {
+        cpu: _run(sys.executable, script, "--modes-for", cpu, str(bundle), *CPUS).stdout.strip()
+        for cpu in CPUS
+    }
+    assert answers == {
+        "cortex-a72": "float32,dynamic,int8,int16x8",
+        "cortex-a76": "dynamic,float16,int8,int16x8",
+    }
+    one = _run(sys.executable, script, "--modes-for", "cortex-a72", str(bundle), "cortex-a72")
+    assert one.stdout.strip() == ",".join(models)  # one CPU runs everything
+    assert _run(sys.executable, script, "--modes-for", "cortex-a72").returncode == 2
+
+
 def test_summary_counts_a_failed_run_and_missing_files(tmp_path):
     out = _write_results(tmp_path / "results")
     for path in out.glob("cortex-a76-*"):
@@ -625,6 +679,17 @@ def test_raw_outputs_runs_a_dynamic_length_model_at_each_samples_own_length(tmp_
         assert raw["dynamic"].tolist() == [[17, 3, 9], [7, 1, 7], [21, 6, 6], [0, 1, 0], [6, 3, 2]]
         assert raw["float32"].tolist() == [[17, 6, 0], [7, 6, 0], [21, 6, 6], [0, 6, 0], [6, 6, 0]]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bundle", out.name]  # no .tmp
+    # The modes test.sh gives a CPU (summary.py --modes-for), and an encoder's first 100 rows.
+    np.savez(bundle / "eval.npz", x=np.array((ids * 21)[:103], np.int32))
+    manifest["eval"]["task"] = "embedding"
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    proc = _run(
+        sys.executable, str(ARM64 / "raw_outputs.py"), str(bundle), str(out), "dynamic",
+        env={"PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    with np.load(out) as raw:
+        assert raw.files == ["dynamic"] and raw["dynamic"].shape == (100, 3)
 
 
 # --- make test-arm64's recipe, with the emulated run and the edge demo stood in for -------

@@ -25,6 +25,7 @@ reranker_bundle=${5:?reranker bundle}
 sentence=${6:?a sentence for --text}
 query=${7:?"a query for the encoder's --text and the reranker's --pair"}
 cpus=${ARM64_CPUS-cortex-a72 cortex-a76}
+host_python=${HOST_PYTHON:-python3}  # numpy, for summary.py --modes-for
 chroot=$(command -v chroot || echo /usr/sbin/chroot)
 
 fail() { echo "test-arm64: FAIL: $*" >&2; exit 1; }
@@ -43,47 +44,55 @@ done
 # --- host tools and the root file system (cached by its build script's sha256) ----
 archive=$("$here/rootfs.sh") || fail "no root file system (.ci/arm64/rootfs.sh)"
 
-root=$(mktemp -d /var/tmp/keras-mha-arm64.XXXXXX)
+# Each CPU in a root file system of its own (its own /proc/cpuinfo), all of them
+# at once: an emulated core is one host thread, and CI has two host cores.
+roots=()
 cleanup() {
-    local status=$? m
-    for m in proc/cpuinfo dev sys proc; do
-        if mountpoint -q "$root/$m" 2>/dev/null; then
-            umount "$root/$m" 2>/dev/null || umount -l "$root/$m" || true
+    local status=$? root m
+    for root in "${roots[@]}"; do
+        for m in proc/cpuinfo dev sys proc; do
+            if mountpoint -q "$root/$m" 2>/dev/null; then
+                umount "$root/$m" 2>/dev/null || umount -l "$root/$m" || true
+            fi
+        done
+        # Never delete through a bind mount of the host's /dev.
+        if grep -q " $root" /proc/mounts; then
+            echo "test-arm64: mounts remain under $root; not deleting it" >&2
+            status=1
+        else
+            rm -rf "$root"
         fi
     done
-    # Never delete through a bind mount of the host's /dev.
-    if grep -q " $root" /proc/mounts; then
-        echo "test-arm64: mounts remain under $root; not deleting it" >&2
-        status=1
-    else
-        rm -rf "$root"
-    fi
     exit $status
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-start=$(date +%s)
-tar --zstd -C "$root" -xf "$archive"
-echo "test-arm64: restored $archive in $(($(date +%s) - start)) s"
-
-# LiteRT's cpuinfo reads /proc and /sys (without them it silently skips XNNPACK).
-mount -t proc proc "$root/proc"
-mount -t sysfs sysfs "$root/sys"
-mount --bind /dev "$root/dev"
-
-app=$root/opt/app
-mkdir -p "$app/bundles" "$app/out"
-cp -r "$repo/edge_demo" "$app/edge_demo"
-find "$app/edge_demo" -name __pycache__ -type d -prune -exec rm -rf {} +
-cp "$here/raw_outputs.py" "$app/"
-cp -r "$digits" "$app/bundles/digits"
-cp -r "$text_bundle" "$app/bundles/text"
-cp -r "$encoder_bundle" "$app/bundles/encoder"
-cp -r "$reranker_bundle" "$app/bundles/reranker"
 mkdir -p "$out"
 
-# Runs in the chroot as QEMU_CPU=$1 with a clean environment; stderr kept in $2 (and shown).
+# A restored root file system for one CPU, with the app, the bundles and that CPU's
+# /proc/cpuinfo (qemu-user passes the host's x86 one through: LiteRT then segfaults).
+prepare_root() {
+    local cpu=$1 root=$2 start=$SECONDS
+    tar --zstd -C "$root" -xf "$archive"
+    # LiteRT's cpuinfo reads /proc and /sys (without them it silently skips XNNPACK).
+    mount -t proc proc "$root/proc"
+    mount -t sysfs sysfs "$root/sys"
+    mount --bind /dev "$root/dev"
+    "$here/cpuinfo.sh" "$cpu" >"$root/tmp/cpuinfo-$cpu"
+    mount --bind "$root/tmp/cpuinfo-$cpu" "$root/proc/cpuinfo"
+    local app=$root/opt/app
+    mkdir -p "$app/bundles" "$app/out"
+    cp -r "$repo/edge_demo" "$app/edge_demo"
+    find "$app/edge_demo" -name __pycache__ -type d -prune -exec rm -rf {} +
+    cp "$here/raw_outputs.py" "$app/"
+    cp -r "$digits" "$app/bundles/digits"
+    cp -r "$text_bundle" "$app/bundles/text"
+    cp -r "$encoder_bundle" "$app/bundles/encoder"
+    cp -r "$reranker_bundle" "$app/bundles/reranker"
+    echo "test-arm64: $cpu: restored $archive in $((SECONDS - start)) s"
+}
+
+# Runs in $root's chroot as QEMU_CPU=$1 with a clean environment; stderr kept in $2 (and shown).
 in_arm() {
     local cpu=$1 log=$2 status=0
     shift 2
@@ -100,21 +109,28 @@ check_stderr() {
     fi
 }
 
-for cpu in $cpus; do
+# Everything one CPU runs, in its own root (a subshell: `fail` ends only this CPU).
+run_cpu() {
+    trap - EXIT INT TERM  # the parent unmounts and deletes every root
+    local cpu=$1 start=$SECONDS
+    root=$2
+    local app=$root/opt/app
     echo "=== test-arm64: QEMU_CPU=$cpu"
-    # qemu-user passes the host's x86 /proc/cpuinfo through: LiteRT then segfaults.
-    "$here/cpuinfo.sh" "$cpu" >"$root/tmp/cpuinfo-$cpu"
-    mount --bind "$root/tmp/cpuinfo-$cpu" "$root/proc/cpuinfo"
     machine=$(in_arm "$cpu" "$out/$cpu-machine.err" python3 -c \
         'import platform; print(platform.machine(), "Python", platform.python_version())') ||
         fail "python3 does not start as $cpu"
     echo "test-arm64: $machine"
     [[ $machine == aarch64* ]] || fail "the chroot's python3 says machine $machine, not aarch64"
     for name in digits text encoder reranker; do
-        in_arm "$cpu" "$out/$cpu-$name.err" python3 -m edge_demo "bundles/$name" \
+        # Its integer modes and its share of the float modes (summary.py's float_cpu).
+        # shellcheck disable=SC2086
+        modes=$("$host_python" "$here/summary.py" --modes-for "$cpu" "$app/bundles/$name" $cpus) ||
+            fail "summary.py --modes-for $cpu $name exited $?"
+        echo "test-arm64: $cpu runs $name in $modes"
+        in_arm "$cpu" "$out/$cpu-$name.err" python3 -m edge_demo "bundles/$name" --quant "$modes" \
             --json "out/$cpu-$name.json" || fail "edge demo on $name as $cpu exited $?"
         check_stderr "$out/$cpu-$name.err"
-        in_arm "$cpu" "$out/$cpu-$name-raw.err" python3 raw_outputs.py "bundles/$name" "out/$cpu-$name-raw.npz" ||
+        in_arm "$cpu" "$out/$cpu-$name-raw.err" python3 raw_outputs.py "bundles/$name" "out/$cpu-$name-raw.npz" "$modes" ||
             fail "raw_outputs.py on $name as $cpu exited $?"
         check_stderr "$out/$cpu-$name-raw.err"
         grep -q "XNNPACK" "$out/$cpu-$name-raw.err" ||
@@ -140,6 +156,21 @@ for cpu in $cpus; do
         fail "reranker --rerank as $cpu exited $?"
     check_stderr "$out/$cpu-reranker-rerank.err"
     cp "$app/out/"*.json "$app/out/"*.npz "$app/out/"*.npy "$out/"
-    umount "$root/proc/cpuinfo"
+    echo "test-arm64: $cpu: done in $((SECONDS - start)) s"
+}
+
+declare -A pids=()
+for cpu in $cpus; do
+    root=$(mktemp -d /var/tmp/keras-mha-arm64.XXXXXX)
+    roots+=("$root")
+    prepare_root "$cpu" "$root"
+    (run_cpu "$cpu" "$root") >"$out/$cpu.log" 2>&1 &
+    pids[$cpu]=$!
 done
+failed=()
+for cpu in $cpus; do
+    wait "${pids[$cpu]}" || failed+=("$cpu")
+    cat "$out/$cpu.log"
+done
+[ ${#failed[@]} -eq 0 ] || fail "the run as ${failed[*]} failed (its log above: $out/<cpu>.log)"
 echo "test-arm64: PASS: edge demo exit 0 on digits, text, encoder and reranker as ${cpus// /, }"
