@@ -118,9 +118,9 @@ def rescale_alpha(run_dir: pathlib.Path | None) -> float | None:
 def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bool = False) -> str:
     """The command that would make `mode` hold (`view`: its attention view), or keep it.
 
-    A pretrained or fine-tuned encoder's int8 and int16x8 (a bundle with a
-    tokenizer) hold once rescaled at alpha 0.5 and exported in int16x8
-    (docs/quantization.md); a classifier's int8 view, in int16x8. Otherwise
+    A pretrained sentence encoder's int8 and int16x8 (an embedding bundle) hold
+    once rescaled at alpha 0.5 and exported in int16x8 (docs/quantization.md);
+    a classifier's int8 view, in int16x8. Otherwise
     --allow-parity-failure keeps a left-out mode, marked unverified.
     """
     run = str(run_dir) if run_dir is not None else "RUN"
@@ -133,7 +133,9 @@ def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bo
         int16x8 = "its int16x8 (int16 activations), verified in this bundle" + (
             " with a faithful view: the head view opens on it" if view else ""
         )
-    encoder = manifest.tokenizer is not None
+    # keras-mha-rescale takes a sentence encoder's run only (an embedding bundle), not
+    # a classifier or cross-encoder built on one (fine-tuned or imported)
+    encoder = manifest.tokenizer is not None and manifest.eval.task == "embedding"
     alpha = rescale_alpha(run_dir) if encoder else None
     if mode in ("int8", "int16x8") and encoder and alpha is None:
         return (
@@ -145,7 +147,15 @@ def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bo
             f"rescale the imported run at --alpha {RESCALE_ALPHA} (this one has alpha "
             f"{alpha:g}), then keras-mha-export it with --quant int16x8 (docs/quantization.md)"
         )
-    if mode == "int8" and (encoder or view):  # rescaled at 0.5 already, or a classifier's view
+    # an encoder rescaled at 0.5 already, a model built on a pretrained encoder, or a view
+    held_unfaithful = held is not None and held.verified and bool(view_misses(held))
+    if (
+        mode == "int8"
+        and (manifest.tokenizer is not None or view)
+        and not (
+            view and held_unfaithful  # its int16x8 is in this bundle, its view no better
+        )
+    ):
         return int16x8
     if view:
         return "read its maps as approximate, or view another mode (--quant float32)"

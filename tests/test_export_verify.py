@@ -299,6 +299,7 @@ def test_left_out_lines_name_the_figures_and_the_command_that_makes_them_hold(tm
     encoder = dataclasses.replace(
         example,
         models={"float32": example.models["float32"]},
+        eval=dataclasses.replace(example.eval, task="embedding"),
         tokenizer=FileRef("tokenizer.json", "e" * 64),
         failed={"int8": failure, "int16x8": failure},
     )
@@ -316,6 +317,16 @@ def test_left_out_lines_name_the_figures_and_the_command_that_makes_them_hold(tm
     int8, int16x8 = left_out(encoder, run)
     assert int8.endswith(f"to make it hold: keras-mha-export {run} --out {run}/bundle_int16x8 "
                          "--quant int16x8 (int16 activations; docs/quantization.md)")  # fmt: skip
+    assert int16x8.endswith("--quant int16x8 --allow-parity-failure keeps it in the bundle, "
+                            "marked unverified")  # fmt: skip
+    # A classifier fine-tuned from an encoder: keras-mha-rescale does not take it
+    # (found on a user's CSV: it refuses "a text-classification run").
+    tuned = dataclasses.replace(
+        encoder, eval=dataclasses.replace(example.eval, task="text-classification")
+    )
+    int8, int16x8 = left_out(tuned, run)
+    assert "keras-mha-rescale" not in int8 + int16x8
+    assert int8.endswith("--quant int16x8 (int16 activations; docs/quantization.md)")
     assert int16x8.endswith("--quant int16x8 --allow-parity-failure keeps it in the bundle, "
                             "marked unverified")  # fmt: skip
     # A classifier; a mode kept unverified (--allow-parity-failure) is not left out;
