@@ -3,8 +3,9 @@
 #
 # make test-arm64 (root; not part of make test): the edge demo inside an
 # emulated Debian bookworm arm64 userland, as a Raspberry Pi 4 (cortex-a72)
-# and a Pi 5 (cortex-a76) CPU, on a digits bundle, a pronouns bundle in
-# every mode (+ one --text call), all-MiniLM-L6-v2's encoder bundle in dynamic-range
+# and a Pi 5 (cortex-a76) CPU, both at once (each float mode on one of them,
+# every integer mode on both: summary.py's float_cpu), on a digits bundle, a
+# pronouns bundle in every mode (+ one --text call), all-MiniLM-L6-v2's encoder bundle in dynamic-range
 # mode (+ one --text search) and a small cross-encoder in every mode but
 # int16x8 (+ one --pair and one --rerank; .ci/arm64/reranker.py writes the
 # checkpoint with numpy), each trained or imported and exported here first. Gates on
