@@ -135,7 +135,7 @@ def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bo
         )
     # keras-mha-rescale takes a sentence encoder's run only (an embedding bundle), not
     # a classifier or cross-encoder built on one (fine-tuned or imported)
-    encoder = manifest.tokenizer is not None and manifest.eval.task == "embedding"
+    encoder = manifest.tokenizer is not None and manifest.task.rescalable
     alpha = rescale_alpha(run_dir) if encoder else None
     if mode in ("int8", "int16x8") and encoder and alpha is None:
         return (

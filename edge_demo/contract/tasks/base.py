@@ -57,6 +57,9 @@ class Task:
     classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
     pairs: ClassVar[bool] = False  # an input is a (query, passage) pair (pairs.json)
+    # keras-mha-rescale takes a pretrained encoder's run of this task (not a model
+    # built on one): export's remedy for a left-out int8 or int16x8 names it
+    rescalable: ClassVar[bool] = False
     dynamic_length: ClassVar[bool] = False  # each input runs at its own length (no TFLM file)
     attention_samples: ClassVar[int]  # eval samples attention.npz holds
     max_samples: ClassVar[int | None] = None  # eval samples at most, if the task bounds them

@@ -33,6 +33,7 @@ class Embedding(Task):
     labelled = False
     classes = False
     search = True
+    rescalable = True
     dynamic_length = True
     attention_samples = TEXT_ATTENTION_SAMPLES
     max_samples = MAX_EMBEDDING_SAMPLES
