@@ -77,8 +77,7 @@ test-arm64: $(VENV)/.installed $(EDGE_VENV)/.installed arm64-bundles
 	status=0; start=$$(date +%s); \
 	for b in digits pronouns encoder reranker; do \
 	  n=$$([ $$b = pronouns ] && echo text || echo $$b); \
-	  $(EDGE_PY) -m edge_demo $(ARM64_WORK)/$$b/bundle --json $(ARM64_RESULTS)/x86-64-$$n.json >/dev/null || status=1; \
-	  PYTHONPATH=. $(EDGE_PY) .ci/arm64/raw_outputs.py $(ARM64_WORK)/$$b/bundle $(ARM64_RESULTS)/x86-64-$$n-raw.npz 2>/dev/null || status=1; \
+	  $(EDGE_PY) -m edge_demo $(ARM64_WORK)/$$b/bundle --json $(ARM64_RESULTS)/x86-64-$$n.json --raw $(ARM64_RESULTS)/x86-64-$$n-raw.npz >/dev/null || status=1; \
 	done; \
 	if [ $$status = 0 ]; then \
 	  ARM64_CPUS="$(ARM64_CPUS)" ARM64_CACHE="$(ARM64_CACHE)" HOST_PYTHON="$(abspath $(PY))" \

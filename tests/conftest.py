@@ -52,7 +52,31 @@ def trains_or_exports(item) -> bool:
     return not SLOW_FIXTURES.isdisjoint(names)
 
 
+# The files that take minutes, longest first (make test on an AMD EPYC). pytest-xdist
+# (--dist loadfile) deals whole files to its workers in collection order: started
+# first, they run beside the many short files instead of leaving one worker alone
+# with one of them at the end. A name here that no longer exists fails the fast tier
+# (tests/test_harness.py).
+LONGEST_FILES = (
+    "test_finetune.py",
+    "test_pretrained_minilm.py",
+    "test_qat_runs.py",
+    "test_readme.py",
+    "test_edge_hostile.py",
+    "test_pretrained.py",
+    "test_convert_attention.py",
+    "test_export_verify.py",
+)
+
+
+def longest_first(items) -> None:
+    """Sort `items` (pytest's, in place) with LONGEST_FILES' first; otherwise as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
 def pytest_collection_modifyitems(config, items):
+    longest_first(items)
     for item in items:
         if trains_or_exports(item):
             item.add_marker(pytest.mark.slow)

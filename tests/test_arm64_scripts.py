@@ -5,8 +5,8 @@ the fake /proc/cpuinfo, the refusals that must come before anything is
 mounted or built, the gate and tables of .ci/arm64/summary.py on
 made-up results shaped like the measured ones, alone and through make
 test-arm64's recipe (with the emulated run and the edge demo stood in for),
-and raw_outputs.py on two tiny converted models (a dynamic sequence axis, as
-the encoder's, and a fixed one).
+and the device's run of two tiny converted models (a dynamic sequence axis,
+as the encoder's, and a fixed one), which gives the raw outputs compared.
 """
 
 from __future__ import annotations
@@ -650,55 +650,37 @@ def _ids_model(length: int | None) -> bytes:
 
 
 @pytest.mark.slow  # converts two (tiny) models
-def test_raw_outputs_runs_a_dynamic_length_model_at_each_samples_own_length(tmp_path):
-    bundle, out = tmp_path / "bundle", tmp_path / "x86-64-encoder-raw.npz"
-    bundle.mkdir()
-    (bundle / "dynamic.tflite").write_bytes(_ids_model(None))
-    (bundle / "fixed.tflite").write_bytes(_ids_model(6))
-    ids = [[5, 3, 9, 0, 0, 0], [7, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6], [0] * 6, [4, 0, 2, 0, 0, 0]]
-    np.savez(bundle / "eval.npz", x=np.array(ids, np.int32))
-    manifest = {
-        "eval": {"file": "eval.npz"},
-        "models": {
-            "dynamic": {"file": "dynamic.tflite", "dynamic_length": True},
-            "float32": {"file": "fixed.tflite", "dynamic_length": False},
-        },
-    }
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
-    proc = _run(
-        sys.executable, str(ARM64 / "raw_outputs.py"), str(bundle), str(out),
-        env={"PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "XNNPACK" in proc.stderr  # test.sh requires the delegate's line
-    with np.load(out) as raw:
-        assert sorted(raw.files) == ["dynamic", "float32"]
-        # Each sentence without its trailing padding (an id 0 inside stays; an empty one
-        # runs at length 1), as the device runs it; a fixed model at the full 6.
-        assert raw["dynamic"].dtype == np.float32
-        assert raw["dynamic"].tolist() == [[17, 3, 9], [7, 1, 7], [21, 6, 6], [0, 1, 0], [6, 3, 2]]
-        assert raw["float32"].tolist() == [[17, 6, 0], [7, 6, 0], [21, 6, 6], [0, 6, 0], [6, 6, 0]]
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["bundle", out.name]  # no .tmp
-    # The modes test.sh gives a CPU (summary.py --modes-for), and an encoder's first 100 rows.
-    np.savez(bundle / "eval.npz", x=np.array((ids * 21)[:103], np.int32))
-    manifest["eval"]["task"] = "embedding"
-    (bundle / "manifest.json").write_text(json.dumps(manifest))
-    proc = _run(
-        sys.executable, str(ARM64 / "raw_outputs.py"), str(bundle), str(out), "dynamic",
-        env={"PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    with np.load(out) as raw:
-        assert raw.files == ["dynamic"] and raw["dynamic"].shape == (100, 3)
+def test_the_device_runs_a_dynamic_length_model_at_each_samples_own_length():
+    """The raw outputs test.sh compares (the edge demo's --raw) come from
+    `EdgeModel.run`: a dynamic sequence axis runs each sentence at its own
+    length, a fixed one at the full width."""
+    from edge_demo.runtimes.model import EdgeModel
+    from edge_demo.runtimes.runtime import select_runtime
+
+    runtime = select_runtime("litert")
+    ids = np.array(
+        [[5, 3, 9, 0, 0, 0], [7, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6], [0] * 6, [4, 0, 2, 0, 0, 0]],
+        np.int32,
+    )
+    dynamic = EdgeModel(runtime, _ids_model(None), where="dynamic.tflite")
+    fixed = EdgeModel(runtime, _ids_model(6), where="fixed.tflite")
+    assert dynamic.dynamic_length and not fixed.dynamic_length
+    # Each sentence without its trailing padding (an id 0 inside stays; an empty one
+    # runs at length 1), as the device runs it; a fixed model at the full 6.
+    raw, _ = dynamic.run(ids)  # int32 ids: the input tensor takes them as they are
+    assert raw.dtype == np.float32
+    assert raw.tolist() == [[17, 3, 9], [7, 1, 7], [21, 6, 6], [0, 1, 0], [6, 3, 2]]
+    raw, _ = fixed.run(fixed.prepare(ids))
+    assert raw.tolist() == [[17, 6, 0], [7, 6, 0], [21, 6, 6], [0, 6, 0], [6, 6, 0]]
 
 
 # --- make test-arm64's recipe, with the emulated run and the edge demo stood in for -------
 
 _FAKE_EDGE_PY = """#!/bin/sh
-# The edge venv's python: the edge demo and raw_outputs.py do nothing (the stand-in
-# test.sh writes every result); summary.py runs for real.
+# The edge venv's python: the edge demo does nothing (the stand-in test.sh writes
+# every result); summary.py runs for real.
 case "$1" in
-    -m|*raw_outputs.py) exit 0 ;;
+    -m) exit 0 ;;
 esac
 exec {python} "$@"
 """

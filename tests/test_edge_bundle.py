@@ -410,3 +410,29 @@ def test_parity_failure_exits_1_with_a_json_report(bundle_copy, tmp_path):
         "bundle",
         "r.json",
     ]
+
+
+@pytest.mark.slow
+def test_raw_keeps_each_modes_outputs_as_the_runtime_gives_them(digits_bundle, tmp_path):
+    """--raw: the parity run's outputs before dequantization, one array per mode
+    (what the arm64 run compares across machines bit for bit)."""
+    raw_path = tmp_path / "raw.npz"
+    status, stdout, stderr = edge(digits_bundle, "--quant", "float32,int8", "--raw", raw_path)
+    assert status == 0, stdout + stderr
+    assert "raw outputs of float32, int8" in stdout
+    manifest = json.loads((digits_bundle / "manifest.json").read_text())
+    with np.load(digits_bundle / "eval.npz") as npz:
+        reference = npz["probs"]
+    with np.load(raw_path) as npz:
+        raw = {name: npz[name] for name in npz.files}
+    assert sorted(raw) == ["float32", "int8"]
+    assert raw["float32"].dtype == np.float32 and raw["int8"].dtype == np.int8
+    assert raw["float32"].shape == raw["int8"].shape == reference.shape
+    np.testing.assert_allclose(raw["float32"], reference, atol=1e-5)
+    out = manifest["models"]["int8"]["output"]
+    probs = (raw["int8"].astype(np.float32) - out["zero_point"]) * out["scale"]
+    # the parity table's own figure, from the raw values
+    agreement = (probs.argmax(1) == reference.argmax(1)).mean()
+    assert agreement >= manifest["models"]["int8"]["thresholds"]["min_agreement"]
+    assert_bad(edge(digits_bundle, "--sample", "1", "--raw", raw_path), "--raw applies")
+    assert_bad(edge(digits_bundle, "--raw", digits_bundle / "r.npz"), "--raw")

@@ -207,6 +207,18 @@ def _item(name, path="test_x.py", fixtures=(), params=None):
     )
 
 
+def test_the_longest_files_exist_and_come_first():
+    missing = [name for name in conftest.LONGEST_FILES if not (REPO / "tests" / name).is_file()]
+    assert not missing, f"conftest.LONGEST_FILES names files that are gone: {missing}"
+    names = ["test_b.py", "test_readme.py", "test_a.py", "test_finetune.py", "test_readme.py"]
+    items = [types.SimpleNamespace(path=pathlib.Path("tests", n), n=i) for i, n in enumerate(names)]
+    conftest.longest_first(items)
+    assert [(i.path.name, i.n) for i in items] == [
+        ("test_finetune.py", 3), ("test_readme.py", 1), ("test_readme.py", 4),
+        ("test_b.py", 0), ("test_a.py", 2),
+    ]  # fmt: skip
+
+
 def test_tests_that_train_or_export_through_any_fixture_are_slow():
     trains = _item("test_a", fixtures=["micro_run", "digits_bundle", "digits_export", "digits_run"])
     through_text = _item("test_b", fixtures=["text_copy", "text_bundle", "text_run"])

@@ -8,7 +8,7 @@ usage: python3 summary.py OUT_DIR [CPU ...] [--run-status N] [--seconds S] [--ta
 OUT_DIR holds, per machine M (x86-64 and each CPU) and bundle B (digits,
 text, encoder: all-MiniLM-L6-v2 in dynamic-range mode, reranker: a small
 cross-encoder, reranker.py): M-B.json (the edge demo's --json report) and M-B-raw.npz
-(raw_outputs.py). The checks, each counted once:
+(the edge demo's --raw, from the same invocations). The checks, each counted once:
 
 - `--run-status N`: the exit status of the runs that filled OUT_DIR
   (x86-64 references and test.sh); anything but 0 is a failed check.

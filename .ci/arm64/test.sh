@@ -6,7 +6,7 @@
 # `python3 -m edge_demo BUNDLE --json REPORT` as each CPU in ARM64_CPUS
 # (QEMU_CPU). Passes when every run exits 0 (every mode meets the manifest's
 # thresholds) and nothing says LiteRT ran without a usable CPU description.
-# Raw outputs are dumped beside; make test-arm64 then gates them against
+# Its --raw outputs (the same invocations) go beside; make test-arm64 then gates them against
 # x86-64's with summary.py (RAW_BOUNDS), which also writes summary.json.
 # Pitfalls handled here, each measured: docs/field_notes.md (64-bit ARM).
 #
@@ -84,7 +84,6 @@ prepare_root() {
     mkdir -p "$app/bundles" "$app/out"
     cp -r "$repo/edge_demo" "$app/edge_demo"
     find "$app/edge_demo" -name __pycache__ -type d -prune -exec rm -rf {} +
-    cp "$here/raw_outputs.py" "$app/"
     cp -r "$digits" "$app/bundles/digits"
     cp -r "$text_bundle" "$app/bundles/text"
     cp -r "$encoder_bundle" "$app/bundles/encoder"
@@ -127,14 +126,13 @@ run_cpu() {
         modes=$("$host_python" "$here/summary.py" --modes-for "$cpu" "$app/bundles/$name" $cpus) ||
             fail "summary.py --modes-for $cpu $name exited $?"
         echo "test-arm64: $cpu runs $name in $modes"
+        # One pass: the parity report and, from the same invocations, the raw outputs.
         in_arm "$cpu" "$out/$cpu-$name.err" python3 -m edge_demo "bundles/$name" --quant "$modes" \
-            --json "out/$cpu-$name.json" || fail "edge demo on $name as $cpu exited $?"
+            --json "out/$cpu-$name.json" --raw "out/$cpu-$name-raw.npz" ||
+            fail "edge demo on $name as $cpu exited $?"
         check_stderr "$out/$cpu-$name.err"
-        in_arm "$cpu" "$out/$cpu-$name-raw.err" python3 raw_outputs.py "bundles/$name" "out/$cpu-$name-raw.npz" "$modes" ||
-            fail "raw_outputs.py on $name as $cpu exited $?"
-        check_stderr "$out/$cpu-$name-raw.err"
-        grep -q "XNNPACK" "$out/$cpu-$name-raw.err" ||
-            fail "LiteRT did not create its XNNPACK delegate as $cpu (see $out/$cpu-$name-raw.err)"
+        grep -q "XNNPACK" "$out/$cpu-$name.err" ||
+            fail "LiteRT did not create its XNNPACK delegate as $cpu (see $out/$cpu-$name.err)"
     done
     in_arm "$cpu" "$out/$cpu-text-sentence.err" python3 -m edge_demo bundles/text --text "$sentence" |
         tee "$out/$cpu-text-sentence.txt" || fail "--text as $cpu exited $?"

@@ -114,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write the parity report as JSON (with --debug: every row of its table)",
     )
     parser.add_argument(
+        "--raw",
+        type=pathlib.Path,
+        metavar="FILE.npz",
+        help="also write each mode's outputs on eval.npz as the runtime gives them (int8, "
+        "int16 or float32, before dequantization), one array per mode: compare two devices "
+        "bit for bit",
+    )
+    parser.add_argument(
         "--wide",
         action="store_true",
         help="the parity table with every column: mean |Δp|, the int8 attention tail, "
@@ -180,6 +188,10 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     one = args.sample is not None or args.text is not None or args.pair or args.rerank
     if args.json_path is not None and one:
         parser.error("--json applies to the parity run, not to --sample, --text or --pair")
+    if args.raw is not None and (one or args.embed is not None or args.debug is not None):
+        parser.error(
+            "--raw applies to the parity run, not to --sample, --text, --pair, --embed or --debug"
+        )
     if args.wide and one:
         parser.error("--wide applies to the parity table, not to --sample, --text or --pair")
     if args.debug is not None:
@@ -204,6 +216,7 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     for flag, path in (
         ("BUNDLE_DIR", args.bundle),
         ("--json", args.json_path),
+        ("--raw", args.raw),
         ("--view", args.view),
         ("--embed", args.embed),
         ("--out", args.out),
@@ -231,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         threads=args.threads,
         repeat=args.repeat,
         json_path=args.json_path,
+        raw=args.raw,
         wide=args.wide,
         sample=args.sample,
         text=args.text,
@@ -278,8 +292,9 @@ def _check_request(bundle, options: DemoOptions) -> None:
             f'"vocab": null (dataset {bundle.manifest.dataset!r})',
             "--text",
         )
-    if options.json_path is not None:
-        check_output(options.json_path, "--json", protected=bundle.root)
+    for flag, path in (("--json", options.json_path), ("--raw", options.raw)):
+        if path is not None:
+            check_output(path, flag, protected=bundle.root)
     if options.view is not None:
         check_view_path(options.view, bundle.root)
         if options.runtime == "tflite-micro":  # it runs deploy files: no attention signature

@@ -16,6 +16,7 @@ class DemoOptions:
     threads: int = 1
     repeat: int = 1
     json_path: pathlib.Path | None = None
+    raw: pathlib.Path | None = None  # --raw FILE.npz: each mode's raw outputs (parity run)
     wide: bool = False  # the parity table with every column
     sample: int | None = None
     text: str | None = None

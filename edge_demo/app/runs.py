@@ -9,7 +9,7 @@ line and chooses; report.py formats.
 from __future__ import annotations
 
 from ..contract.bundle import Bundle
-from ..contract.files import write_json_atomic
+from ..contract.files import write_bytes_atomic, write_json_atomic
 from ..errors import UsageError, safe, shown
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
@@ -81,7 +81,8 @@ def header(bundle: Bundle, runtime: Runtime, options: DemoOptions) -> str:
 def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dict) -> int:
     """The default run: the table, optional JSON; 0 all pass, 1 a failure."""
     results = [
-        skipped or run_mode(bundle, mode, runtime, options.threads, options.repeat)
+        skipped
+        or run_mode(bundle, mode, runtime, options.threads, options.repeat, options.raw is not None)
         for mode, skipped in plan.items()
     ]
     print()
@@ -119,7 +120,23 @@ def run_parity(bundle: Bundle, runtime: Runtime, options: DemoOptions, plan: dic
             },
         )
         print(f"wrote {shown(options.json_path)}")
+    if options.raw is not None:
+        write_raw(options.raw, results, bundle)
     return code
+
+
+def write_raw(path, results: list[ModeResult], bundle: Bundle) -> None:
+    """--raw: each mode run's outputs as the runtime gave them, one array per mode
+    (a mode that failed while running has none), written whole or not at all."""
+    import io
+
+    import numpy as np
+
+    arrays = {r.mode: r.raw for r in results if r.raw is not None}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    write_bytes_atomic(path, buffer.getvalue(), "--raw", protected=bundle.root)
+    print(f"wrote {shown(path)}: raw outputs of {', '.join(arrays) or 'no mode'}")
 
 
 def _classify(

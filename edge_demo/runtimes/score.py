@@ -73,6 +73,9 @@ class ModeResult:
     # they are in `failures` too unless the manifest marks the view not faithful.
     attention_failures: list[str] = dataclasses.field(default_factory=list)
     attention_faithful: bool | None = None  # the manifest's `attention.faithful`
+    # The outputs as the runtime gave them (int8, int16 or float32), kept only when
+    # asked (`run_mode(keep_raw=True)`: the device's --raw); never in the JSON.
+    raw: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def view_excused(self) -> bool:
@@ -121,7 +124,7 @@ class ModeResult:
             data["reason"] = self.reason
             return data
         for field in dataclasses.fields(self):
-            if field.name in ("mode", "status", "reason"):
+            if field.name in ("mode", "status", "reason", "raw"):
                 continue
             value = getattr(self, field.name)
             if isinstance(value, (Thresholds, AttentionThresholds)):
@@ -196,9 +199,15 @@ class Progress:
 
 
 def run_mode(
-    bundle: Bundle, mode: str, runtime: Runtime, threads: int = 1, repeat: int = 1
+    bundle: Bundle,
+    mode: str,
+    runtime: Runtime,
+    threads: int = 1,
+    repeat: int = 1,
+    keep_raw: bool = False,
 ) -> ModeResult:
-    """Run every eval sample through one mode and compare with the reference.
+    """Run every eval sample through one mode and compare with the reference
+    (`keep_raw`: the result keeps the raw outputs).
 
     Raises UsageError if the runtime cannot load the model or its tensors
     differ from the manifest; a failure while running is a failed result.
@@ -260,6 +269,7 @@ def run_mode(
         thresholds=entry.thresholds,
         failures=failures,
         attention_faithful=faithful,
+        raw=raw if keep_raw else None,
         **figures,
     )
 
