@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pathlib
 
-from edge_demo.contract.files import write_json_atomic as _write
+from bundle_contract.files import write_json_atomic as _write
 
 
 def write_json_atomic(path: pathlib.Path, data) -> None:

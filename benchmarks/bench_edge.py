@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
-from edge_demo.contract.manifest import MODES
+from bundle_contract.manifest import MODES
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 VARIANTS = ("keras.layers.MultiHeadAttention", "keras_mha fused", "keras_mha per_head")
@@ -81,7 +81,7 @@ def litert_latency(bundles: dict[str, pathlib.Path], repeats: int) -> dict[str, 
     Through the edge demo's own model wrapper (`EdgeModel.run`: quantize once,
     then set_tensor + invoke + get_tensor per sample), on LiteRT.
     """
-    from edge_demo.contract.bundle import open_bundle
+    from bundle_contract.bundle import open_bundle
     from edge_demo.runtimes.model import EdgeModel
     from edge_demo.runtimes.runtime import select_runtime
 

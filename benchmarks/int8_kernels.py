@@ -34,7 +34,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 from _util import write_json_atomic  # noqa: E402  (benchmarks/ is the script directory)
 
-from edge_demo.errors import Parser, positive_int  # noqa: E402
+from bundle_contract.errors import Parser, positive_int  # noqa: E402
 from edge_demo.tables import format_table  # noqa: E402
 
 HEADS, D_K, D_MODEL, D_FF = 12, 32, 384, 1536

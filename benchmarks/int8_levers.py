@@ -75,7 +75,7 @@ def _per_head(run_dir: pathlib.Path) -> None:
 
 def _ranges(run_dir: pathlib.Path, rule: str) -> None:
     """ranges.json in the run: each point's range by `rule`, from its calibration sentences."""
-    from edge_demo.contract.arrays import own_lengths
+    from bundle_contract.arrays import own_lengths
     from keras_mha import qat
     from keras_mha.rundir.embedding import read_embedding_run
 
@@ -105,7 +105,7 @@ def run_lever(run_dir: pathlib.Path, name: str, work: pathlib.Path) -> dict:
         if settings.get("ranges"):
             _ranges(source, settings["ranges"])
         if settings.get("qat"):
-            from keras_mha.qat_train import distill_encoder
+            from keras_mha.qat.train import distill_encoder
 
             distilled = work / "qat"
             distill_encoder(
@@ -150,7 +150,7 @@ def main() -> int:
     unknown = [n for n in names if n not in LEVERS]
     if unknown:
         parser.error(f"unknown lever {unknown[0]!r}; expected some of {list(LEVERS)}")
-    from keras_mha.quiet import import_tensorflow
+    from keras_mha.quiet_tensorflow import import_tensorflow
 
     import_tensorflow()
     rows = []

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
 
-    from keras_mha.quiet import import_tensorflow
+    from keras_mha.quiet_tensorflow import import_tensorflow
 
     import_tensorflow()
     result = compare(args.scratch, args.finetuned, args.sentences, args.seed)
@@ -88,7 +88,7 @@ def _labels(run: pathlib.Path) -> list[str]:
 def _scratch_predictor(run: pathlib.Path):
     import keras
 
-    from edge_demo.contract.vocab import Vocab
+    from bundle_contract.vocab import Vocab
     from keras_mha.rundir.reading import read_run
 
     reader = read_run(run)

@@ -1,7 +1,7 @@
 """keras-mha-export: quantized, verified, bundled TFLite models of a keras-mha model.
 
 The model is a run directory's (a classifier, a sentence encoder, a text
-classifier or a cross-encoder: edge_demo/contract/tasks/) or a user's
+classifier or a cross-encoder: bundle_contract/tasks/) or a user's
 .keras file (`SourcePaths`).
 
 The folder export/ installs as `keras_mha_export` (setup.cfg's one
@@ -29,7 +29,7 @@ bundle), `summary` (what it prints), `bundle` (`export_bundle`), `cli`
 Importing this package is cheap; TensorFlow is imported on first use.
 """
 
-from edge_demo.contract.manifest import MODES
+from bundle_contract.manifest import MODES
 
 from .bundle import ExportFailed, export_bundle, parse_modes
 from .convert import ConversionError

@@ -31,10 +31,9 @@ import tempfile
 
 import numpy as np
 
-from edge_demo.contract.arrays import own_lengths
+from bundle_contract.arrays import own_lengths
 
-from .convert import _schema_module, pack_aligned
-from .graph import _enum_names
+from .tflite_schema import enum_names, pack_aligned, schema, unpack
 
 SIGNATURE = "serving_default"
 
@@ -53,8 +52,7 @@ def available() -> bool:
 
 def _unpack(model: bytes):
     """The schema module and the model as its object tree (`ModelT`)."""
-    schema = _schema_module()
-    return schema, schema.ModelT.InitFromObj(schema.Model.GetRootAs(bytearray(model), 0))
+    return schema(), unpack(model)
 
 
 def unique_names(model: bytes) -> bytes:
@@ -98,7 +96,7 @@ def quantize_int16x8(model: bytes, calibration: np.ndarray, pad_id: int | None) 
     from ai_edge_quantizer.qtyping import TFLOperationName
     from ai_edge_quantizer.utils import qsv_utils
 
-    from keras_mha.quiet import captured_output
+    from keras_mha.quiet_tensorflow import captured_output
 
     with tempfile.TemporaryDirectory(prefix="keras-mha-aeq-") as scratch:
         path = pathlib.Path(scratch) / "float.tflite"
@@ -127,7 +125,7 @@ def integerize(model: bytes) -> bytes:
     when its scale and zero point are the input's. Anything else is kept.
     """
     schema, root = _unpack(model)
-    names, _ = _enum_names()
+    names, _ = enum_names()
     inlined = _inline_buffers(root, model)
     graph = root.subgraphs[0]
     codes = root.operatorCodes

@@ -42,14 +42,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from edge_demo.contract import attention
-from edge_demo.contract.attention import AttentionReference
-from edge_demo.contract.bundle import add_file, open_bundle
-from edge_demo.contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
-from edge_demo.contract.files import building, check_writable, sha256_file
-from edge_demo.contract.manifest import MODES, Manifest
-from edge_demo.contract.npu import NpuReport
-from edge_demo.errors import UsageError
+from bundle_contract import attention
+from bundle_contract.attention import AttentionReference
+from bundle_contract.bundle import add_file, open_bundle
+from bundle_contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
+from bundle_contract.errors import UsageError
+from bundle_contract.files import building, check_writable, sha256_file
+from bundle_contract.manifest import MODES, Manifest
+from bundle_contract.npu import NpuReport
 
 from . import verify
 from .convert import attention_weights, saved_models, token_ids
@@ -280,7 +280,8 @@ class _Draft:
                 float_accuracy=loaded.task.float_accuracy(loaded.eval),
                 task=loaded.task.name,
             ),
-            **{k: v for k, v in self.refs.items() if k != "eval"},
+            files={k: v for k, v in self.refs.items() if k not in ("eval", "attention")},
+            attention=self.refs.get("attention"),
             max_length=loaded.max_length,
             pad_id=loaded.pad_id,
             models=models,

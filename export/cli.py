@@ -28,7 +28,7 @@ import argparse
 import pathlib
 import sys
 
-from edge_demo.errors import Parser, run_main
+from bundle_contract.errors import Parser, run_main
 
 PROG = "keras-mha-export"
 
@@ -141,9 +141,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from .npu import npu_request
 
         npu_request(args.npu, parse_modes(args.quant))
-    from keras_mha.quiet import import_tensorflow  # keras_mha only past --help
+    from keras_mha.quiet_tensorflow import import_tensorflow  # keras_mha only past --help
 
-    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet_tensorflow.py)
     from .bundle import ExportFailed, export_bundle, names_modes
     from .summary import left_out, npu_table, summary_table, unfaithful_views
 

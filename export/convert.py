@@ -22,19 +22,22 @@ elements in float32, so a very small model converts to the float32 graph.
 Attention weights ride along as a second signature (docs/artifacts.md):
 with `attention_saved_model_dir` (`write_attention_saved_model`), `convert`
 also converts `keras_mha.model.attention_model` in the same mode and appends
-its subgraph to the classifier's flatbuffer (`add_view_signature`):
+its subgraph to the task model's flatbuffer (`add_view_signature`):
 
 | subgraph | signature         | input    | outputs                              |
 | -------- | ----------------- | -------- | ------------------------------------ |
-| 0        | `serving_default` | `inputs` | the class probabilities, as before   |
+| 0        | `serving_default` | `inputs` | the task's output (probabilities, vectors, scores) |
 | 1        | `view`            | `inputs` | `attention_0` .. : (1, h, T, T) each |
 
 Subgraph 0 is the single-signature model unchanged (ops, tensors,
 quantization, weights), so its outputs are bit-identical and TFLite Micro,
-which runs subgraph 0, still runs the classifier. One SavedModel with both
+which runs subgraph 0, still runs the task's model. One SavedModel with both
 signatures converted at once does not do: its int16x8 quantizer corrupts the
 scales of constants the signatures share, and LiteRT aborts running the
 second one. `attention_signature(model)` describes the outputs.
+
+Export writes these for every task (bundle_contract/tasks/): a classifier's
+probabilities, an encoder's sentence vectors, a cross-encoder's scores.
 
 TensorFlow is noisy (absl log lines, "Saved artifact at ...", converter
 diagnostics printed from C++): `captured_output()` collects everything written
@@ -52,7 +55,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_demo.contract.arrays import own_lengths
+from bundle_contract.arrays import own_lengths
+
+from . import tflite_schema
 
 if TYPE_CHECKING:
     import keras
@@ -67,8 +72,6 @@ VIEW_SIGNATURE = "view"
 # probabilities came out 0.98 off (docs/artifacts.md). The view runs on the
 # builtin kernels; the classifier keeps its delegate.
 VIEW_SUBGRAPH_NAME = "VALIDATION:view"
-# Weight buffers start on 16 bytes, as TFLite's own writer places them.
-_BUFFER_ALIGNMENT = 16
 
 
 class ConversionError(Exception):
@@ -81,7 +84,7 @@ def import_tensorflow() -> types.ModuleType:
     keras_mha.layers is imported so that its layers are registered before any
     `.keras` file is loaded (docs/field_notes.md: otherwise the error is vague).
     """
-    from keras_mha import quiet  # here, not at the top: importing the package stays light
+    from keras_mha import quiet_tensorflow as quiet  # here: importing the package stays light
 
     tf = quiet.import_tensorflow()
     with quiet.captured_output():
@@ -98,7 +101,9 @@ def write_saved_model(
     import keras
     import tensorflow as tf
 
-    from keras_mha.quiet import captured_output  # not at the top: the package stays light
+    from keras_mha.quiet_tensorflow import (
+        captured_output,  # not at the top: the package stays light
+    )
 
     spec = model.inputs[0]
     shape = (1, *spec.shape[1:]) if length is None else (1, int(length))
@@ -164,7 +169,7 @@ def saved_models(
 def attention_weights(model: keras.Model, x: np.ndarray) -> list[np.ndarray]:
     """The float Keras model's attention weights on `x`, float32, one array a layer
     (`keras_mha.model.attention_model`: dropout off)."""
-    from edge_demo.contract.attention import output_name
+    from bundle_contract.attention import output_name
     from keras_mha.model import attention_model
 
     outputs = attention_model(model, batch_size=None).predict(x, batch_size=64, verbose=0)
@@ -221,7 +226,9 @@ def _convert_one(
     calibration: np.ndarray | None,
     pad_id: int | None = None,
 ) -> bytes:
-    from keras_mha.quiet import captured_output  # not at the top: the package stays light
+    from keras_mha.quiet_tensorflow import (
+        captured_output,  # not at the top: the package stays light
+    )
 
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; expected one of {MODES}.")
@@ -286,39 +293,8 @@ def token_ids(calibration: np.ndarray | None) -> bool:
 # --- the attention signature ------------------------------------------------------
 
 
-def _schema_module() -> types.ModuleType:
-    try:
-        from ai_edge_litert import schema_py_generated as schema
-    except ImportError:  # TensorFlow ships the same generated module.
-        from tensorflow.lite.python import schema_py_generated as schema
-    return schema
-
-
-def _aligned_buffer_type(schema: types.ModuleType) -> type:
-    class AlignedBuffer(schema.BufferT):
-        """A BufferT whose data starts on `_BUFFER_ALIGNMENT` bytes when packed."""
-
-        def Pack(self, builder):  # noqa: N802  (the generated API's name)
-            if self.data is None or len(self.data) == 0:
-                return super().Pack(builder)
-            payload = np.asarray(self.data, dtype=np.uint8).tobytes()
-            builder.StartVector(1, len(payload), _BUFFER_ALIGNMENT)
-            builder.head -= len(payload)
-            builder.Bytes[builder.head : builder.head + len(payload)] = payload
-            builder.vectorNumElems = len(payload)
-            data = builder.EndVector()
-            schema.BufferStart(builder)
-            schema.BufferAddData(builder, data)
-            return schema.BufferEnd(builder)
-
-    return AlignedBuffer
-
-
-def _unpack(model: bytes, schema: types.ModuleType, what: str):
-    buf = bytearray(model)
-    if len(buf) < 8 or bytes(buf[4:8]) != b"TFL3":
-        raise ValueError(f"the {what} is not a TFLite flatbuffer (no 'TFL3' identifier)")
-    unpacked = schema.ModelT.InitFromObj(schema.Model.GetRootAs(buf, 0))
+def _unpack(model: bytes, what: str):
+    unpacked = tflite_schema.unpack(model, what)
     if len(unpacked.subgraphs or []) != 1 or len(unpacked.signatureDefs or []) != 1:
         raise ValueError(f"the {what} must have one subgraph and one signature")
     if any(b.offset for b in unpacked.buffers or []):
@@ -335,9 +311,8 @@ def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
     signature `view`, its operator codes merged and its weight buffers
     shared with the classifier's where the bytes are identical.
     """
-    schema = _schema_module()
-    model = _unpack(classifier, schema, "classifier model")
-    extra = _unpack(attention, schema, "attention model")
+    model = _unpack(classifier, "classifier model")
+    extra = _unpack(attention, "attention model")
     if model.signatureDefs[0].signatureKey.decode() != CLASSIFY_SIGNATURE:
         raise ValueError(f"the classifier's signature is not {CLASSIFY_SIGNATURE!r}")
 
@@ -352,8 +327,6 @@ def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
             model.operatorCodes.append(code)
         code_map.append(codes[code_key(code)])
 
-    aligned = _aligned_buffer_type(schema)
-    model.buffers = [_as_aligned(b, aligned) for b in model.buffers]
     if model.buffers[0].data is not None and len(model.buffers[0].data):
         raise ValueError("the classifier's buffer 0 is not the empty buffer")
     by_bytes = {
@@ -369,7 +342,7 @@ def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
         key = np.asarray(b.data, np.uint8).tobytes()
         if key not in by_bytes:
             by_bytes[key] = len(model.buffers)
-            model.buffers.append(_as_aligned(b, aligned))
+            model.buffers.append(b)
         buffer_map.append(by_bytes[key])
 
     graph = extra.subgraphs[0]
@@ -384,7 +357,7 @@ def add_view_signature(classifier: bytes, attention: bytes) -> bytes:
     signature.subgraphIndex = len(model.subgraphs)
     model.subgraphs.append(graph)
     model.signatureDefs.append(signature)
-    return pack_aligned(model, len(classifier) + len(attention))
+    return tflite_schema.pack_aligned(model, len(classifier) + len(attention))
 
 
 def _short_name(name: bytes) -> bytes:
@@ -399,25 +372,6 @@ def _short_name(name: bytes) -> bytes:
     return f"{VIEW_SIGNATURE}/{inner}".encode()
 
 
-def _as_aligned(buffer, aligned: type):
-    copy = aligned()
-    copy.data = buffer.data
-    return copy
-
-
-def pack_aligned(model, size_hint: int) -> bytes:
-    """An unpacked model (the schema's `ModelT`) as flatbuffer bytes, every weight
-    buffer starting on `_BUFFER_ALIGNMENT` bytes (what TFLite's own writer does)."""
-    import flatbuffers
-
-    schema = _schema_module()
-    aligned = _aligned_buffer_type(schema)
-    model.buffers = [_as_aligned(b, aligned) for b in model.buffers]
-    builder = flatbuffers.Builder(size_hint)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    return bytes(builder.Output())
-
-
 def attention_signature(model: bytes) -> dict | None:
     """Describe the `view` signature's tensors (docs/artifacts.md); None without one.
 
@@ -427,16 +381,12 @@ def attention_signature(model: bytes) -> dict | None:
     `scale` and `zero_point` are None for float tensors. Reads the
     flatbuffer only (no interpreter).
     """
-    schema = _schema_module()
+    schema = tflite_schema.schema()
     buf = bytearray(model)
     if len(buf) < 8 or bytes(buf[4:8]) != b"TFL3":
         raise ValueError("not a TFLite flatbuffer (missing the 'TFL3' identifier)")
     root = schema.Model.GetRootAs(buf, 0)
-    types_by_value = {
-        value: name.lower()
-        for name, value in vars(schema.TensorType).items()
-        if not name.startswith("_") and isinstance(value, int)
-    }
+    types_by_value = {value: name.lower() for value, name in tflite_schema.enum_names()[1].items()}
     for i in range(root.SignatureDefsLength()):
         signature = root.SignatureDefs(i)
         if signature.SignatureKey().decode() == VIEW_SIGNATURE:
@@ -491,8 +441,7 @@ def without_view_signature(model: bytes) -> bytes:
     subgraph, so a microcontroller build drops the attention signature.
     Subgraph 0 is kept as it is; buffers only the view used stay, unused.
     """
-    schema = _schema_module()
-    unpacked = schema.ModelT.InitFromObj(schema.Model.GetRootAs(bytearray(model), 0))
+    unpacked = tflite_schema.unpack(model)
     unpacked.subgraphs = unpacked.subgraphs[:1]
     unpacked.signatureDefs = [s for s in unpacked.signatureDefs or [] if s.subgraphIndex == 0]
-    return pack_aligned(unpacked, len(model))
+    return tflite_schema.pack_aligned(unpacked, len(model))

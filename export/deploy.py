@@ -14,7 +14,7 @@ the device's `EdgeModel` and requires bit-identical raw outputs. Without
 names a file cannot be debugged (`keras-mha-edge --debug`): debug the named file.
 
 Export side (TensorFlow present); the bundle entry is
-`edge_demo.contract.deploy.DeployFile`, written by `devices.add_devices`.
+`bundle_contract.deploy.DeployFile`, written by `devices.add_devices`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import numpy as np
 
 from edge_demo.runtimes.model import EdgeModel
 from edge_demo.runtimes.runtime import Runtime
+
+from . import tflite_schema
 
 
 def _prune_buffers(model) -> None:
@@ -50,7 +52,7 @@ def _builtin(model, op) -> int:
 
 def _int_constant(model, graph, tensor: int):
     """A constant tensor's int32 values, or None if the tensor is computed."""
-    from tensorflow.lite.python import schema_py_generated as schema
+    schema = tflite_schema.schema()
 
     t = graph.tensors[tensor]
     data = model.buffers[t.buffer].data
@@ -88,7 +90,7 @@ def drop_index_wrap(model) -> int:
     and token ids are never negative: the contract checks every id is in
     [0, vocabulary) before a model sees it. Returns the number of wraps removed.
     """
-    from tensorflow.lite.python import schema_py_generated as schema
+    schema = tflite_schema.schema()
 
     op_ = schema.BuiltinOperator
     removed = 0

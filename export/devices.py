@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edge_demo.contract.bundle import add_file, open_bundle
-from edge_demo.contract.deploy import DeployFile, deploy_name
-from edge_demo.contract.entries import ModelEntry
-from edge_demo.contract.manifest import Manifest
-from edge_demo.errors import UsageError
+from bundle_contract.bundle import add_file, open_bundle
+from bundle_contract.deploy import DeployFile, deploy_name
+from bundle_contract.entries import ModelEntry
+from bundle_contract.errors import UsageError
+from bundle_contract.manifest import Manifest
 from edge_demo.runtimes.runtime import MICRO_RUNTIME, Runtime, select_runtime
 
 from .deploy import deploy_bytes, verify_stripped

@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 
-from edge_demo.contract.attention import AttentionCheck
-from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from edge_demo.contract.attention_parity import AttentionThresholds
-from edge_demo.contract.bundle import add_file
-from edge_demo.contract.entries import ModeFailure, ModelEntry, Signature
-from edge_demo.contract.tasks import DEFAULT, Task
-from edge_demo.contract.tensors import TensorSpec
+from bundle_contract.attention import AttentionCheck
+from bundle_contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from bundle_contract.attention_parity import AttentionThresholds
+from bundle_contract.bundle import add_file
+from bundle_contract.entries import ModeFailure, ModelEntry, Signature
+from bundle_contract.tasks import DEFAULT, Task
+from bundle_contract.tensors import TensorSpec
 from edge_demo.runtimes.score import ModeResult
 
 from .verify import TENSORFLOW_RUNTIME

@@ -17,8 +17,10 @@ fallback), without an interpreter:
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections import Counter
+
+from . import tflite_schema
+from .tflite_schema import enum_names
 
 # Ops that only move numbers between the float and the integer domain.
 QUANTIZE_OPS = frozenset({"QUANTIZE", "DEQUANTIZE"})
@@ -70,37 +72,15 @@ class GraphInfo:
         return self.tensors[index]
 
 
-def _schema():
-    try:
-        from ai_edge_litert import schema_py_generated as schema
-    except ImportError:  # TensorFlow ships the same generated module.
-        from tensorflow.lite.python import schema_py_generated as schema
-    return schema
-
-
-@functools.lru_cache(maxsize=1)
-def _enum_names() -> tuple[dict[int, str], dict[int, str]]:
-    schema = _schema()
-
-    def names(enum_class) -> dict[int, str]:
-        return {
-            value: key
-            for key, value in vars(enum_class).items()
-            if not key.startswith("_") and isinstance(value, int)
-        }
-
-    return names(schema.BuiltinOperator), names(schema.TensorType)
-
-
 def _dtype_name(tensor_type: int) -> str:
     """TensorType.FLOAT32 -> "float32" (numpy's spelling)."""
-    return _enum_names()[1].get(tensor_type, f"type{tensor_type}").lower()
+    return enum_names()[1].get(tensor_type, f"type{tensor_type}").lower()
 
 
 def read_graph(model: bytes, subgraph: int = 0) -> GraphInfo:
     """Parse subgraph `subgraph` of the flatbuffer `model` (bytes of a .tflite file)."""
-    schema = _schema()
-    builtin_names, _ = _enum_names()
+    schema = tflite_schema.schema()
+    builtin_names, _ = enum_names()
     buf = bytearray(model)
     if len(buf) < 8 or bytes(buf[4:8]) != b"TFL3":
         raise ValueError("not a TFLite flatbuffer (missing the 'TFL3' identifier)")

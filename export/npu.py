@@ -19,7 +19,7 @@ for that NPU, named explicitly so the figures say what they assume. It reads:
   operators left on the CPU are counted from their shapes (`op_macs`).
 
 These are estimates (no NPU or simulator runs here); export records them in
-the manifest (`edge_demo.contract.npu`) and keeps the compiled files.
+the manifest (`bundle_contract.npu`) and keeps the compiled files.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from edge_demo.contract.npu import NpuTarget
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.npu import NpuTarget
 
 from .graph import INTEGER_IO, GraphInfo, OpInfo, op_histogram, read_graph
 

@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract.arrays import EvalData, own_lengths, pad_ids, read_npz
-from edge_demo.contract.attention import CorefHead
-from edge_demo.contract.bundle import check_text_inputs
-from edge_demo.contract.lists import labels_json
-from edge_demo.contract.tasks import Task
-from edge_demo.contract.tasks import get as get_task
-from edge_demo.contract.tasks.classification import Classification
-from edge_demo.contract.vocab import Vocab
-from edge_demo.errors import UsageError, one_line
+from bundle_contract.arrays import EvalData, own_lengths, pad_ids, read_npz
+from bundle_contract.attention import CorefHead
+from bundle_contract.bundle import check_text_inputs
+from bundle_contract.errors import UsageError, one_line
+from bundle_contract.lists import labels_json
+from bundle_contract.tasks import Task
+from bundle_contract.tasks import get as get_task
+from bundle_contract.tasks.classification import Classification
+from bundle_contract.vocab import Vocab
 
 if TYPE_CHECKING:
     import keras
@@ -62,7 +62,7 @@ class Source:
     model: Any  # keras.Model
     calibration: np.ndarray  # (M, ...) model inputs
     eval: EvalData
-    task: Task  # what the model is for (edge_demo.contract.tasks)
+    task: Task  # what the model is for (bundle_contract.tasks)
     # The task's own files: Manifest field -> (file name, bytes) (labels.json;
     # an embedding run's texts.json and tokenizer.json).
     own_files: dict[str, tuple[str, bytes]]
@@ -110,7 +110,7 @@ class Source:
         attention layers, at any depth, each run once by its call, each giving
         `(batch, heads, T, T)` weights over the input's T tokens, which is what
         the device's parity check and head view read)."""
-        from keras_mha.conversion import keras_error_line
+        from keras_mha.layer_swap import keras_error_line
         from keras_mha.model import attention_model, attention_recorders
 
         if not attention_recorders(self.model):
@@ -185,7 +185,7 @@ def load_keras_file(path: pathlib.Path, import_modules: tuple[str, ...] = ()) ->
         raise UsageError("does not exist" if not path.exists() else "is not a file", path)
     if not zipfile.is_zipfile(path):
         raise UsageError("cannot load it: not a .keras archive (corrupt or another format)", path)
-    from keras_mha.quiet import captured_output
+    from keras_mha.quiet_tensorflow import captured_output
 
     from .convert import import_tensorflow
 
@@ -235,7 +235,7 @@ def _vocab_size(model: keras.Model) -> int | None:
 def load_run_dir(run_dir: pathlib.Path) -> Source:
     """A run directory, read by its task's reader (`keras_mha.rundir.tasks.read_any`),
     which validates every file."""
-    from keras_mha.quiet import captured_output
+    from keras_mha.quiet_tensorflow import captured_output
 
     from .convert import import_tensorflow
 
@@ -358,7 +358,7 @@ def on_our_layer(model: keras.Model) -> tuple[keras.Model, str | None]:
     A model convert refuses is exported as it is, without the attention
     signature, and the line says why. A model with none: unchanged, no line.
     """
-    from keras_mha.conversion import convert, keras_attention_layers, keras_error_line
+    from keras_mha.layer_swap import convert, keras_attention_layers, keras_error_line
 
     found = keras_attention_layers(model)
     if not found:

@@ -8,11 +8,11 @@ import json
 import math
 import pathlib
 
-from edge_demo.contract.attention_parity import share_cell
-from edge_demo.contract.entries import ModelEntry
-from edge_demo.contract.manifest import Manifest
-from edge_demo.contract.npu import NpuTarget
-from edge_demo.contract.tasks import Column, Task
+from bundle_contract.attention_parity import share_cell
+from bundle_contract.entries import ModelEntry
+from bundle_contract.manifest import Manifest
+from bundle_contract.npu import NpuTarget
+from bundle_contract.tasks import Column, Task
 
 
 def mode_line(entry: ModelEntry, task: Task, float_accuracy: float | None) -> str:
@@ -135,7 +135,7 @@ def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bo
         )
     # keras-mha-rescale takes a sentence encoder's run only (an embedding bundle), not
     # a classifier or cross-encoder built on one (fine-tuned or imported)
-    encoder = manifest.tokenizer is not None and manifest.task.rescalable
+    encoder = manifest.file("tokenizer") is not None and manifest.task.rescalable
     alpha = rescale_alpha(run_dir) if encoder else None
     if mode in ("int8", "int16x8") and encoder and alpha is None:
         return (
@@ -151,7 +151,7 @@ def remedy(mode: str, manifest: Manifest, run_dir: pathlib.Path | None, view: bo
     held_unfaithful = held is not None and held.verified and bool(view_misses(held))
     if (
         mode == "int8"
-        and (manifest.tokenizer is not None or view)
+        and (manifest.file("tokenizer") is not None or view)
         and not (
             view and held_unfaithful  # its int16x8 is in this bundle, its view no better
         )

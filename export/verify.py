@@ -1,7 +1,7 @@
 """Verified means the device passes: the staged bundle, scored by the device's own code.
 
 `verify_staged(staging, runtime)` opens the staged bundle with the edge
-demo's loader (`edge_demo.contract.bundle.open_bundle`: manifest, sha256,
+demo's loader (`bundle_contract.bundle.open_bundle`: manifest, sha256,
 headers, eval.npz, labels, vocab) and runs each mode through the edge demo's
 model wrapper and scorer (`edge_demo.runtimes.score.run_mode`: the one
 quantize, run loop, parity figures and threshold check). A mode export calls
@@ -19,8 +19,8 @@ from __future__ import annotations
 import pathlib
 import warnings
 
-from edge_demo.contract.bundle import open_bundle
-from edge_demo.errors import UsageError
+from bundle_contract.bundle import open_bundle
+from bundle_contract.errors import UsageError
 from edge_demo.runtimes.runtime import Runtime, select_runtime
 from edge_demo.runtimes.score import ModeResult, run_mode
 

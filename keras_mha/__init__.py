@@ -3,19 +3,17 @@
 Rooms (imports flow from the layer up; the layer imports nothing of the
 device side, tests/test_import_graph.py):
 
-    attention.py          the layer: the lesson (`_per_head_attention`), the fused path
-    attention_args.py     its argument checks; attention_masks.py masks, axes, inputs;
-    attention_weights.py  per-head weights, pruning, Keras's layer to and fro
-    conversion.py         `convert(model)`: a Keras or keras-hub model on our layer
+    attention/            the layer: layer.py the lesson (`_per_head_attention`) and
+                          the API; args, masks, weights, Keras's names, recording beside
+    layer_swap.py         `convert(model)`: a Keras or keras-hub model on our layer
     layers.py             LayerNorm, positional encoding, the encoder block, poolings
-    qat.py                quantization points and ranges (quantization-aware training)
+    qat/                  quantization-aware training: points and ranges, the loop, keras-mha-qat
     model.py              the classifier, `forward`, `attention_model`
     data.py, train/       the datasets and keras-mha-train
     rundir/               the run directory and its tasks' readers
     heads/                head analysis (keras-mha-heads)
     pretrained/           checkpoints through the layer (keras-mha-import, keras-mha-rescale)
-    qat_train.py, qat_cli.py   an encoder distilled with rounding (keras-mha-qat)
-    plots.py, quiet.py    figures; TensorFlow imported without its noise
+    plots.py, quiet_tensorflow.py    figures; TensorFlow imported without its noise
 
 The names below load on first use (PEP 562), so that `python -m
 keras_mha.train --help` answers without importing Keras and TensorFlow, and
@@ -33,7 +31,7 @@ import importlib.abc
 import sys as _sys
 import warnings as _warnings
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 _LAZY = {
     "MultiHeadAttention": "keras_mha.attention",
@@ -43,7 +41,7 @@ _LAZY = {
     "TransformerEncoderBlock": "keras_mha.layers",
     "ModelConfig": "keras_mha.model",
     "build_classifier": "keras_mha.model",
-    "convert": "keras_mha.conversion",
+    "convert": "keras_mha.layer_swap",
 }
 __all__ = [*sorted(_LAZY), "__version__"]
 
@@ -69,6 +67,27 @@ def _register_layers() -> None:
     importlib.import_module("keras_mha.layers")
 
 
+# Keras imported first by keras_mha.attention itself (`from keras_mha.attention
+# import MultiHeadAttention` before any `import keras`): keras_mha.layers cannot
+# import the layer yet, so the attention package registers them once its names
+# are bound (`register_deferred`, the last line of keras_mha/attention/__init__.py).
+_deferred = False
+
+
+def _attention_initializing() -> bool:
+    module = _sys.modules.get("keras_mha.attention")
+    spec = getattr(module, "__spec__", None)
+    return module is not None and bool(getattr(spec, "_initializing", False))
+
+
+def register_deferred() -> None:
+    """Register the layers if `import keras` had to leave it to the attention package."""
+    global _deferred
+    if _deferred:
+        _deferred = False
+        _register_layers()
+
+
 class _LoaderThenRegister(importlib.abc.Loader):
     """The `keras` module's own loader, registering our layers once it has
     run; anything else (resources, source) is the wrapped loader's."""
@@ -85,6 +104,10 @@ class _LoaderThenRegister(importlib.abc.Loader):
         self._spec.loader = self._loader
         module.__loader__ = self._loader
         self._hook.remove()
+        if _attention_initializing():
+            global _deferred
+            _deferred = True
+            return
         try:
             _register_layers()
         except Exception as exc:  # never break `import keras` for the user

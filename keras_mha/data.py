@@ -38,7 +38,7 @@ import re
 
 import numpy as np
 
-from edge_demo.contract.vocab import TOKEN_PATTERN, Vocab
+from bundle_contract.vocab import TOKEN_PATTERN, Vocab
 
 DATASETS = ("digits", "pronouns")
 CUES = ("number", "semantic", "both")
@@ -232,7 +232,7 @@ def load_digits(seed: int = 0) -> Dataset:
 
 
 # ------------------------------------------------------------------- vocab
-# The vocabulary class is the device's (edge_demo.contract.vocab): training
+# The vocabulary class is the device's (bundle_contract.vocab): training
 # writes vocab.json through the same class that export and the edge demo read
 # it with, so a vocabulary the device would refuse cannot be written.
 

@@ -22,7 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_mha.attention import MultiHeadAttention, attention_sink
-from keras_mha.attention_masks import is_weight_mask
+from keras_mha.attention.masks import is_weight_mask
 from keras_mha.qat import HOOK, point
 
 # Masked mean pooling with a 0/1 float mask: padding's score below the kept
@@ -227,7 +227,7 @@ class TokenEmbedding(keras.layers.Embedding):
     CPU. This mask is looked up like the embedding itself, in a table of one
     0 (the padding id 0) and 1s, and the layers after it (MultiHeadAttention,
     MaskedMeanPooling, MaskedMaxPooling) read a float mask with MUL and SUB
-    only (`attention_masks.is_weight_mask`). The numbers are those of the
+    only (`attention.masks.is_weight_mask`). The numbers are those of the
     boolean mask; the weights, config and `mask_zero` are Keras's.
     """
 

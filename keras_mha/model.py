@@ -22,7 +22,7 @@ import dataclasses
 import keras
 import numpy as np
 
-from edge_demo.contract.attention import output_name
+from bundle_contract.attention import output_name
 from keras_mha.attention import MultiHeadAttention, recording
 from keras_mha.layers import (
     MaskedMeanPooling,

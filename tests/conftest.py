@@ -38,7 +38,7 @@ SLOW_FIXTURES = {
     "digits_bundle",  # edge_fixtures: digits_export's bundle
     "text_bundle",  # edge_fixtures: python -m keras_mha_export on text_run
     "token_files",  # test_export_tokens: fits a token classifier, 10 epochs
-    "converted",  # test_convert_attention: converts every mode, twice
+    "converted",  # test_export_view_signature: converts every mode, twice
     "tiny_bundle",  # test_pretrained: keras-mha-import + export of the tiny BERT
     "encoder",  # test_debug: the tiny BERT exported in float32 and int8
 }
@@ -64,7 +64,7 @@ LONGEST_FILES = (
     "test_readme.py",
     "test_edge_hostile.py",
     "test_pretrained.py",
-    "test_convert_attention.py",
+    "test_export_view_signature.py",
     "test_export_verify.py",
 )
 

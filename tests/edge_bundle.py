@@ -4,7 +4,7 @@
   keras_mha_export RUN --out OUT --quant QUANT` (this venv has TensorFlow);
   `export_bundle` fails the test if it fails.
 - `make_text_run(out)`: a small untrained token classifier as a run directory
-  with vocab.json (written by `edge_demo.contract.vocab.Vocab`).
+  with vocab.json (written by `bundle_contract.vocab.Vocab`).
 - `example_manifest()`: a valid two-mode `Manifest` built from the contract's
   dataclasses (not a hand-written JSON copy).
 - `edit_manifest`, `match_model_file`, `match_file`: break a bundle copy the
@@ -29,14 +29,25 @@ import numpy as np
 import pytest
 from environment import venv_python
 
-from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
-from edge_demo.contract.files import sha256_file
-from edge_demo.contract.manifest import Manifest
-from edge_demo.contract.parity import Parity, default_thresholds
-from edge_demo.contract.tensors import TensorSpec
-from edge_demo.contract.vocab import Vocab
+from bundle_contract.entries import EvalSpec, FileRef, ModelEntry
+from bundle_contract.files import sha256_file
+from bundle_contract.manifest import Manifest
+from bundle_contract.parity import Parity, default_thresholds
+from bundle_contract.tensors import TensorSpec
+from bundle_contract.vocab import Vocab
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def copy_device_app(folder: pathlib.Path) -> pathlib.Path:
+    """`folder` holding what a device copies (edge_demo.DEVICE_PACKAGES) and
+    nothing else of the repository; returns it."""
+    from edge_demo import DEVICE_PACKAGES
+
+    for name in DEVICE_PACKAGES:
+        shutil.copytree(REPO / name, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+    return folder
+
 
 EDGE_VENVS = {
     "litert": ("KERAS_MHA_EDGE_PYTHON", REPO / ".venv-edge" / "bin" / "python"),
@@ -145,8 +156,7 @@ def example_manifest() -> Manifest:
 
     return Manifest(
         eval=EvalSpec("eval.npz", "c" * 64, 360, (360, 8, 8), "float32", 10, 0.98),
-        labels=FileRef("labels.json", "d" * 64),
-        vocab=None,
+        files={"labels": FileRef("labels.json", "d" * 64)},
         models={
             "int8": entry("int8", "int8", 0.0039, -128),
             "float32": entry("float32", "float32", None, None),

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 
 import pytest
-from edge_bundle import REPO, export_bundle, export_command, make_text_run
+from edge_bundle import copy_device_app, export_bundle, export_command, make_text_run
 from environment import missing
 from once import once_per_run
 
@@ -65,12 +65,9 @@ def text_bundle(text_run, tmp_path_factory) -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def app_dir(tmp_path_factory) -> pathlib.Path:
-    """A folder holding a copy of edge_demo/ and nothing else: the app as copied to a device."""
+    """A folder holding what a device copies (edge_demo/, bundle_contract/) and nothing else."""
     root = tmp_path_factory.mktemp("device")
-    shutil.copytree(
-        REPO / "edge_demo", root / "edge_demo", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    return root
+    return copy_device_app(root)
 
 
 @pytest.fixture

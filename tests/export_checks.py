@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 from edge_bundle import edge_python, run_main
 
-from edge_demo.contract.files import sha256_file
+from bundle_contract.files import sha256_file
 from keras_mha_export.cli import main
 
 FLOATS = {"float16", "float32", "float64"}

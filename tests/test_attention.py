@@ -664,7 +664,7 @@ def test_save_load_round_trip_in_a_fresh_process(tmp_path):
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["diff"] == 0.0
-    assert result["cls"] == "keras_mha.attention.MultiHeadAttention"
+    assert result["cls"] == "keras_mha.attention.layer.MultiHeadAttention"
     assert result["config"]["implementation"] == "per_head"
     assert result["config"]["dropout"] == 0.1
 

@@ -93,13 +93,18 @@ def test_import_keras_mha_changes_nothing_in_the_process():
 
 @pytest.mark.parametrize(
     "imports",
-    ["import keras_mha; import keras", "import keras; import keras_mha"],
-    ids=["keras_mha-then-keras", "keras-then-keras_mha"],
+    [
+        "import keras_mha; import keras",
+        "import keras; import keras_mha",
+        "from keras_mha.attention import MultiHeadAttention; import keras",
+    ],
+    ids=["keras_mha-then-keras", "keras-then-keras_mha", "the-layer-imports-keras"],
 )
 @pytest.mark.slow  # a Python child importing a framework
 def test_load_model_after_a_bare_import_keras_mha(imports, tmp_path):
     """`import keras_mha` is all a user imports before loading a file with its
-    layers, in either order with `import keras`, in a fresh process."""
+    layers, in either order with `import keras`, in a fresh process; so is the
+    layer's package, which imports Keras itself."""
     from keras_mha import LayerNorm, MultiHeadAttention, TransformerEncoderBlock
 
     keras.utils.set_random_seed(0)
@@ -130,7 +135,7 @@ def test_load_model_after_a_bare_import_keras_mha(imports, tmp_path):
     )
     assert result["registered_on_import"] is True
     assert result["classes"] == [
-        "keras_mha.attention.MultiHeadAttention",
+        "keras_mha.attention.layer.MultiHeadAttention",
         "keras_mha.layers.TransformerEncoderBlock",
         "keras_mha.layers.LayerNorm",
     ]

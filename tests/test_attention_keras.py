@@ -638,3 +638,33 @@ def test_from_keras_and_to_keras_for_every_configuration(config):
         back = ours.to_keras()
         assert_close(back(q, v, return_attention_scores=True)[0], want[0])
         assert back.get_config()["use_gate"] == config.get("use_gate", False)
+
+
+def test_a_file_saved_before_the_layer_became_a_package_still_loads(tmp_path):
+    """tests/data/saved_layer_0.2.0.json: a `.keras` file keras_mha 0.2.0 saved
+    (module `keras_mha.attention`, then one file) as text; written back and
+    loaded with today's package, it gives the numbers it gave then."""
+    import json
+    import zipfile
+
+    h5py = pytest.importorskip("h5py")
+    record = json.loads((DATA / "saved_layer_0.2.0.json").read_text())
+    weights = tmp_path / "model.weights.h5"
+    with h5py.File(weights, "w") as h5:
+        for group in record["groups"]:
+            h5.require_group(group)
+        for name, data in record["datasets"].items():
+            h5.create_dataset(name, data=np.asarray(data["values"], data["dtype"]))
+    path = tmp_path / "saved.keras"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("config.json", record["config.json"])
+        archive.writestr("metadata.json", record["metadata.json"])
+        archive.write(weights, "model.weights.h5")
+    model = keras.saving.load_model(path)
+    assert [type(layer) for layer in model.layers[2:]] == [MultiHeadAttention] * 2
+    assert model.get_layer("per_head").implementation == "per_head"
+    x, m = np.asarray(record["x"], "float32"), np.asarray(record["m"], bool)
+    for got, want in zip(model([x, m]), record["outputs"], strict=True):
+        want = np.asarray(want, "float32")
+        assert float(np.abs(want).max()) > 0.1  # real outputs, not zeros
+        assert_close(got, want)

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from keras_mha import ModelConfig, build_classifier, qat
+from keras_mha.qat import points as qat_points
 
 CONFIG = ModelConfig(d_model=16, num_heads=2, ff_dim=16, num_layers=2, num_classes=3, dropout=0.0)
 
@@ -129,14 +130,14 @@ def test_attached_points_round_to_their_grid(model, data):
     try:
         seen = {}
 
-        class Spy(qat._Rounder):
+        class Spy(qat_points._Rounder):
             def __call__(self, name, value):
                 out = super().__call__(name, value)
                 if name == key:
                     seen["out"] = keras.ops.convert_to_numpy(out)
                 return out
 
-        qat._set_hook(model, Spy(ranges))
+        qat_points._set_hook(model, Spy(ranges))
         rounded = _predict(model, x[:8])
     finally:
         qat.detach(model)

@@ -20,14 +20,15 @@ import pytest
 from edge_bundle import edit_manifest
 from test_edge_embedding import tokenizer_json
 
-from edge_demo.contract.bundle import add_file, open_bundle
-from edge_demo.contract.entries import EvalSpec, ModelEntry
-from edge_demo.contract.files import tflite_problem
-from edge_demo.contract.flatbuffer import index_problem
-from edge_demo.contract.lists import labels_json, texts_json
-from edge_demo.contract.manifest import Manifest
-from edge_demo.contract.parity import default_thresholds, embedding_thresholds, measure_embeddings
-from edge_demo.contract.tensors import TensorSpec
+from bundle_contract.bundle import add_file, open_bundle
+from bundle_contract.entries import EvalSpec, ModelEntry
+from bundle_contract.files import tflite_problem
+from bundle_contract.flatbuffer import index_problem
+from bundle_contract.lists import labels_json, texts_json
+from bundle_contract.manifest import Manifest
+from bundle_contract.parity import default_thresholds
+from bundle_contract.tasks.embedding import embedding_thresholds, measure_embeddings
+from bundle_contract.tensors import TensorSpec
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "bench_encoder.py"
@@ -246,21 +247,20 @@ def write_bundle(
             verified=ok,
             dynamic_length=dynamic_length,
         )
-    side = {}
     if embedding:
-        side = {
+        files = {
             "texts": add_file(path, "texts.json", texts_json([f"sentence {i}" for i in range(n)])),
             "tokenizer": add_file(path, "tokenizer.json", tokenizer_json()),
-            "max_length": 16,
         }
+    else:
+        files = {"labels": add_file(path, "labels.json", labels_json(["a", "b"]))}
     Manifest(
         eval=EvalSpec(
             data.file, data.sha256, n, x.shape, "int32", width, None if embedding else 1.0, task
         ),
-        labels=None if embedding else add_file(path, "labels.json", labels_json(["a", "b"])),
-        vocab=None,
+        files=files,
         models=models,
-        **side,
+        max_length=16 if embedding else None,
     ).write(path)
     return path
 

@@ -181,6 +181,6 @@ def test_vocab_json_is_enough_to_tokenize(tmp_path):
     assert ids[1] == saved["unk_id"] and ids[-1] == saved["pad_id"]  # zebra unknown
     assert vocab.encode(texts[0])[0].tolist().count(saved["unk_id"]) == 0
     # One class for training, export and the device: what training writes, the device reads.
-    from edge_demo.contract.vocab import Vocab
+    from bundle_contract.vocab import Vocab
 
     assert type(vocab) is Vocab and Vocab.load(tmp_path / "vocab.json") == vocab

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from edge_bundle import edge_python, edit_manifest, match_file, one_error_line, run_main
 
+from bundle_contract import attention, attention_parity
+from bundle_contract.attention_parity import DEFAULT_THRESHOLDS, AttentionThresholds
+from bundle_contract.bundle import open_bundle
+from bundle_contract.errors import UsageError
+from bundle_contract.fields import Fields
 from edge_demo.app.cli import main
-from edge_demo.contract import attention, attention_parity
-from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS, AttentionThresholds
-from edge_demo.contract.bundle import open_bundle
-from edge_demo.contract.fields import Fields
-from edge_demo.errors import UsageError
 from edge_demo.runtimes.model import EdgeModel
 from edge_demo.runtimes.runtime import select_runtime
 from edge_demo.runtimes.score import run_mode

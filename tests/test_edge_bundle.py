@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from edge_bundle import edit_manifest, match_file, match_model_file, one_error_line, run_main
 
+from bundle_contract.files import sha256_file
 from edge_demo.app.cli import PROG, main
-from edge_demo.contract.files import sha256_file
 
 pytest_plugins = ["edge_fixtures"]  # bundle fixtures, built once per session
 

@@ -86,13 +86,16 @@ def test_edge_venv_has_no_tensorflow_keras_or_keras_mha(runtime, app_dir):
         python,
         app_dir,
         "-c",
-        f"import {runtime_module}, edge_demo; print(edge_demo.__file__)",
+        f"import {runtime_module}, edge_demo, bundle_contract; "
+        "print(edge_demo.__file__); print(bundle_contract.__file__)",
         module=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert (
-        pathlib.Path(proc.stdout.strip()).parent == app_dir / "edge_demo"
-    )  # the copy, not the repo
+    # the copy of what a device copies (edge_demo.DEVICE_PACKAGES), not the repo
+    app, contract = (pathlib.Path(line).parent for line in proc.stdout.split())
+    assert (app, contract) == (app_dir / "edge_demo", app_dir / "bundle_contract")
+    copied = {p.name for p in app_dir.iterdir() if p.name != "bundle"}  # a test's bundle
+    assert copied == {"bundle_contract", "edge_demo"}
 
 
 # --- the parity run -----------------------------------------------------------------
@@ -111,6 +114,8 @@ def test_parity_run_in_edge_venv(runtime, digits_bundle, app_dir, tmp_path):
     float_accuracy = manifest["eval"]["float_accuracy"]
     assert result["runtime"]["name"] == RUNTIME_NAMES[runtime]
     assert result["runtime"]["version"] not in ("", "unknown")
+    if runtime == "litert":  # what LiteRT said on fd 2, captured (the arm64 run requires it)
+        assert result["runtime"]["delegates"] == ["XNNPACK"]
     assert list(result["modes"]) == ALL_MODES
     skipped = {mode for mode, entry in result["modes"].items() if entry["skipped"]}
     if runtime == "litert":
@@ -270,7 +275,7 @@ def test_text_is_tokenized_on_the_device_and_matches_keras(text_bundle, text_run
     import keras
 
     import keras_mha  # noqa: F401  (registers the custom layers)
-    from edge_demo.contract.vocab import Vocab
+    from bundle_contract.vocab import Vocab
 
     sentence = "The cat SAT on a zebra"
     vocab = Vocab.load(text_bundle / "vocab.json")

@@ -1,4 +1,4 @@
-"""The command-line policy shared by train, export, edge and heads (edge_demo.errors)."""
+"""The command-line policy shared by train, export, edge and heads (bundle_contract.errors)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import pathlib
 
 import pytest
 
-from edge_demo.contract.files import check_writable
-from edge_demo.errors import (
+from bundle_contract.errors import (
     DEBUG_ENV,
     Parser,
     UsageError,
@@ -16,6 +15,7 @@ from edge_demo.errors import (
     positive_int,
     run_main,
 )
+from bundle_contract.files import check_writable
 
 pytest_plugins = ["edge_fixtures"]  # read_only_dir
 
@@ -137,7 +137,7 @@ def test_an_error_raised_while_unwinding_from_ctrl_c_is_the_interrupt(capsys):
 
 
 def test_building_replaces_the_target_or_leaves_nothing(tmp_path):
-    from edge_demo.contract.files import building
+    from bundle_contract.files import building
 
     out = tmp_path / "new" / "bundle"
     with pytest.raises(KeyboardInterrupt):

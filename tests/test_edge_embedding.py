@@ -1,6 +1,6 @@
 """The device contract's embedding task (a sentence encoder) on small synthetic inputs.
 
-Parity figures and thresholds (edge_demo.contract.parity), the embedding
+Parity figures and thresholds (bundle_contract.parity), the embedding
 manifest (entries, manifest), eval.npz's embedding arrays (arrays), texts.json
 (bundle), tokenizer.json (subwords) and the dynamic-length helper of
 EdgeModel. No model is trained or exported: the vectors are unit vectors at
@@ -17,26 +17,30 @@ import numpy as np
 import pytest
 from edge_bundle import example_manifest
 
-from edge_demo.contract.arrays import UNIT_NORM_TOLERANCE, EvalData, check_embedding_eval
-from edge_demo.contract.entries import EvalSpec, FileRef, ModelEntry
-from edge_demo.contract.lists import MAX_TEXT, parse_texts, texts_json
-from edge_demo.contract.manifest import Manifest
-from edge_demo.contract.parity import (
-    EMBEDDING_MIN_COSINE,
-    EMBEDDING_MIN_MEAN_COSINE,
+from bundle_contract.arrays import EvalData
+from bundle_contract.entries import EvalSpec, FileRef, ModelEntry
+from bundle_contract.errors import UsageError
+from bundle_contract.lists import MAX_TEXT, parse_texts, texts_json
+from bundle_contract.manifest import Manifest
+from bundle_contract.parity import (
     FLOAT_THRESHOLDS,
     Parity,
     Thresholds,
     changes_allowed,
     default_thresholds,
-    embedding_thresholds,
-    measure_embeddings,
     nearest,
 )
-from edge_demo.contract.subwords import Subwords
-from edge_demo.contract.tasks import TASKS
-from edge_demo.contract.tensors import TensorSpec
-from edge_demo.errors import UsageError
+from bundle_contract.subwords import Subwords
+from bundle_contract.tasks import TASKS
+from bundle_contract.tasks.embedding import (
+    EMBEDDING_MIN_COSINE,
+    EMBEDDING_MIN_MEAN_COSINE,
+    UNIT_NORM_TOLERANCE,
+    check_embedding_eval,
+    embedding_thresholds,
+    measure_embeddings,
+)
+from bundle_contract.tensors import TensorSpec
 from edge_demo.runtimes.model import EdgeModel
 
 EMBEDDING_KEYS = {"min_cosine", "mean_cosine", "top1", "top5"}
@@ -211,7 +215,7 @@ def test_embedding_thresholds_per_mode():
 
 
 def _fields():
-    from edge_demo.contract.fields import Fields
+    from bundle_contract.fields import Fields
 
     return Fields("manifest.json")
 
@@ -263,13 +267,13 @@ def embedding_manifest() -> Manifest:
         eval=EvalSpec(
             "eval.npz", "c" * 64, SAMPLES, (SAMPLES, LENGTH), "int32", DIMS, None, "embedding"
         ),
-        labels=None,
-        vocab=None,
+        files={
+            "texts": FileRef("texts.json", "d" * 64),
+            "tokenizer": FileRef("tokenizer.json", "e" * 64),
+        },
         models={"int8": entry("int8"), "float32": entry("float32")},
         created_by={"keras_mha": "0.1.0"},
         source_model=FileRef("model.safetensors", "b" * 64),
-        texts=FileRef("texts.json", "d" * 64),
-        tokenizer=FileRef("tokenizer.json", "e" * 64),
         max_length=MAX_LENGTH,
     )
 
@@ -284,8 +288,8 @@ def test_embedding_manifest_round_trips():
     again = Manifest.from_json(data, "manifest.json")
     assert again == manifest
     assert again.task is TASKS["embedding"] and again.eval.float_accuracy is None
-    assert again.labels is None and again.max_length == 128
-    assert again.tokenizer == FileRef("tokenizer.json", "e" * 64)
+    assert again.file("labels") is None and again.max_length == 128
+    assert again.file("tokenizer") == FileRef("tokenizer.json", "e" * 64)
     assert again.models["int8"].dynamic_length is True
     assert again.models["int8"].parity.top5 == 1.0
     assert math.isnan(again.models["int8"].parity.accuracy)
@@ -320,7 +324,8 @@ def test_a_classification_manifest_is_format_1_unchanged():
         assert not {"min_cosine", "min_mean_cosine", "min_top5"} & set(model["thresholds"])
     again = Manifest.from_json(data)
     assert again.eval.task == "classification" and again.task is TASKS["classification"]
-    assert again.texts is None and again.tokenizer is None and again.max_length is None
+    assert again.file("texts") is None and again.file("tokenizer") is None
+    assert again.max_length is None and set(again.files) == {"labels"}
     # Saying "classification" is the same as saying nothing.
     data["eval"]["task"] = "classification"
     assert Manifest.from_json(data) == again

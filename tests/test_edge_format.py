@@ -8,10 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from edge_demo.contract.arrays import check_eval, check_inputs
-from edge_demo.contract.files import inside, read_inside, tflite_problem, write_json_atomic
-from edge_demo.contract.manifest import MODES
-from edge_demo.contract.parity import (
+from bundle_contract.arrays import check_eval, check_inputs
+from bundle_contract.errors import UsageError
+from bundle_contract.files import inside, read_inside, tflite_problem, write_json_atomic
+from bundle_contract.manifest import MODES
+from bundle_contract.parity import (
     Parity,
     Thresholds,
     changes_allowed,
@@ -19,8 +20,7 @@ from edge_demo.contract.parity import (
     measure,
     quantized_thresholds,
 )
-from edge_demo.contract.tensors import TensorSpec
-from edge_demo.errors import UsageError
+from bundle_contract.tensors import TensorSpec
 
 
 def spec(dtype: str, scale=None, zero_point=None) -> TensorSpec:
@@ -284,7 +284,7 @@ def test_check_eval_and_inputs_accept_what_a_model_writes():
 
 def test_parity_figures_read_leniently():
     """Figures are informative: a malformed entry reads as None, null as NaN, never a crash."""
-    from edge_demo.contract.attention_parity import AttentionParity
+    from bundle_contract.attention_parity import AttentionParity
 
     parity = Parity(0.98, 1.0, math.nan, 0.004)
     again = Parity.from_json(parity.to_json())

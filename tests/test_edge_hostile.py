@@ -25,14 +25,14 @@ import numpy as np
 import pytest
 from edge_bundle import REPO, edge_python, edit_manifest, one_error_line, run_main
 
+from bundle_contract.arrays import read_npz
+from bundle_contract.errors import UsageError, safe, shown
+from bundle_contract.fields import parse_json
+from bundle_contract.files import check_output, read_inside
+from bundle_contract.lists import parse_labels
+from bundle_contract.manifest import Manifest
+from bundle_contract.vocab import Vocab
 from edge_demo.app.cli import RUNTIME_CHOICES, main
-from edge_demo.contract.arrays import read_npz
-from edge_demo.contract.fields import parse_json
-from edge_demo.contract.files import check_output, read_inside
-from edge_demo.contract.lists import parse_labels
-from edge_demo.contract.manifest import Manifest
-from edge_demo.contract.vocab import Vocab
-from edge_demo.errors import UsageError, safe, shown
 from edge_demo.runtimes.runtime import RUNTIMES
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent / "fuzz"))
@@ -86,7 +86,7 @@ def assert_bad(result, *fragments: str) -> str:
 def test_a_corrupt_signature_is_refused_before_a_runtime_sees_it(
     text_copy, tmp_path, what, value, argv, problem
 ):
-    """index_problem (contract/flatbuffer.py) refuses both indices, whatever the runtime."""
+    """index_problem (bundle_contract/flatbuffer.py) refuses both indices, whatever the runtime."""
     apply(text_copy, {"kind": "tflite", "file": "model_int8.tflite", "what": what, "site": 0,
                       "value": value})  # fmt: skip
     done = edge_process(text_copy, *[a.format(tmp=tmp_path) for a in argv], "--runtime", "litert")
@@ -108,8 +108,8 @@ def test_the_debugger_probes_its_models_first(text_copy):
 
 
 def test_a_load_failure_on_a_runtime_that_ran_the_mode_is_a_failure(text_bundle, monkeypatch):
+    from bundle_contract.bundle import open_bundle
     from edge_demo.app import runs
-    from edge_demo.contract.bundle import open_bundle
     from edge_demo.runtimes.probe import ProbeResult
     from edge_demo.runtimes.runtime import select_runtime
 
@@ -431,7 +431,7 @@ def test_a_manifest_declaring_huge_shapes_does_not_raise_the_inflate_budget(text
 
 
 def test_read_inside_never_reads_more_than_the_file_cap(tmp_path, monkeypatch):
-    from edge_demo.contract import files
+    from bundle_contract import files
 
     monkeypatch.setattr(files, "MAX_FILE_BYTES", 1000)
     (tmp_path / "eval.npz").write_bytes(bytes(2000))
@@ -498,13 +498,13 @@ def _shared_reference_model(n: int) -> bytes:
 
 
 def test_the_flatbuffer_walk_has_one_budget_for_shared_tables(tmp_path):
-    from edge_demo.contract.flatbuffer import index_problem
+    from bundle_contract.flatbuffer import index_problem
 
     assert index_problem(_shared_reference_model(3)) is None  # sound, and small: walked whole
     model = tmp_path / "model.tflite"
     model.write_bytes(_shared_reference_model(4000))  # 96 KB, 6.4e10 checks without a budget
     code = (
-        "import sys; from edge_demo.contract.flatbuffer import index_problem; "
+        "import sys; from bundle_contract.flatbuffer import index_problem; "
         "print(index_problem(open(sys.argv[1], 'rb').read()))"
     )
     done = subprocess.run(
@@ -584,7 +584,7 @@ def test_export_and_run_directories_read_labels_with_the_devices_parser():
 def test_a_symbolic_link_or_fifo_swapped_in_after_the_check_is_not_followed(tmp_path, monkeypatch):
     import signal
 
-    from edge_demo.contract import files
+    from bundle_contract import files
 
     monkeypatch.setattr(files, "inside", lambda root, name: root / name)  # the race, won
     (tmp_path / "secret").write_bytes(b"outside")
@@ -610,7 +610,7 @@ def test_a_symbolic_link_or_fifo_swapped_in_after_the_check_is_not_followed(tmp_
 def test_an_archive_of_too_many_members_is_refused_before_zipfile_reads_its_directory(
     monkeypatch,
 ):
-    from edge_demo.contract import arrays
+    from bundle_contract import arrays
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:

@@ -1,4 +1,4 @@
-"""manifest.json through edge_demo.contract.manifest, and docs/artifacts.md against the code."""
+"""manifest.json through bundle_contract.manifest, and docs/artifacts.md against the code."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import re
 import pytest
 from edge_bundle import REPO, example_manifest
 
-from edge_demo.contract.attention import CorefHead
-from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
-from edge_demo.contract.bundle import select_modes
-from edge_demo.contract.entries import ModelEntry, Signature
-from edge_demo.contract.fields import Fields
-from edge_demo.contract.manifest import MODES, Manifest
-from edge_demo.contract.parity import default_thresholds
-from edge_demo.contract.tensors import TensorSpec
-from edge_demo.contract.vocab import Vocab
-from edge_demo.errors import UsageError
+from bundle_contract.attention import CorefHead
+from bundle_contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
+from bundle_contract.bundle import select_modes
+from bundle_contract.entries import ModelEntry, Signature
+from bundle_contract.errors import UsageError
+from bundle_contract.fields import Fields
+from bundle_contract.manifest import MODES, Manifest
+from bundle_contract.parity import default_thresholds
+from bundle_contract.tensors import TensorSpec
+from bundle_contract.vocab import Vocab
 
 DOCS = REPO / "docs" / "artifacts.md"
 
@@ -142,7 +142,7 @@ def test_example_manifest_round_trips():
     assert int8.thresholds == default_thresholds("int8", 360)
     assert again.models["float32"].input.scale is None
     assert again.eval.x_shape == (360, 8, 8) and again.dataset == "digits"
-    assert again.vocab is None and again.verified == ["float32", "int8"]
+    assert again.file("vocab") is None and again.verified == ["float32", "int8"]
 
 
 def test_signatures_round_trip_for_more_entry_points():

@@ -17,10 +17,10 @@ import pytest
 from edge_bundle import edge_python, one_error_line, run_main
 from test_micro import micro_python
 
+from bundle_contract.bundle import open_bundle
+from bundle_contract.files import sha256_file
+from bundle_contract.parity import default_thresholds
 from edge_demo.app.cli import main
-from edge_demo.contract.bundle import open_bundle
-from edge_demo.contract.files import sha256_file
-from edge_demo.contract.parity import default_thresholds
 from edge_demo.runtimes.model import EdgeModel
 from edge_demo.runtimes.policy import runtime_content, runtime_entry
 from edge_demo.runtimes.runtime import select_runtime

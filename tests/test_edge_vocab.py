@@ -1,4 +1,4 @@
-"""The one Vocab (edge_demo.contract.vocab): tokenizer, batches, strict vocab.json."""
+"""The one Vocab (bundle_contract.vocab): tokenizer, batches, strict vocab.json."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from edge_demo.contract.vocab import FIELDS, Vocab
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.vocab import FIELDS, Vocab
 
 VALID = {
     "tokens": ["<pad>", "<unk>", "the", "cat", "sat", "don't"],

@@ -14,9 +14,9 @@ import pytest
 from edge_bundle import REPO, edge_python
 from export_checks import NOISE, litert_outputs, sha256, tflite_runtime_loads
 
-from edge_demo.contract.bundle import open_bundle
-from edge_demo.contract.manifest import MODES
-from edge_demo.contract.parity import default_thresholds
+from bundle_contract.bundle import open_bundle
+from bundle_contract.manifest import MODES
+from bundle_contract.parity import default_thresholds
 from edge_demo.runtimes.runtime import select_runtime
 from edge_demo.runtimes.score import run_mode
 from keras_mha_export.graph import read_graph

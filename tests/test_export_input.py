@@ -20,7 +20,7 @@ import pytest
 from edge_bundle import REPO
 from export_checks import PROG, leftovers, run_cli
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha_export import SourcePaths, export_bundle
 from keras_mha_export.cli import main
 

@@ -19,8 +19,8 @@ import sys
 import pytest
 from edge_bundle import REPO, export_bundle, export_command, make_text_run
 
-from edge_demo.contract.bundle import open_bundle
-from edge_demo.errors import UsageError
+from bundle_contract.bundle import open_bundle
+from bundle_contract.errors import UsageError
 from keras_mha_export import npu
 from keras_mha_export.graph import op_histogram, read_graph
 from keras_mha_export.summary import npu_table

@@ -14,13 +14,12 @@ from __future__ import annotations
 import json
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from edge_bundle import edge_python
+from edge_bundle import copy_device_app, edge_python
 
 pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -92,7 +91,7 @@ def _export(files: pathlib.Path, out: pathlib.Path, *extra: str) -> str:
 
 
 def _check_bundle(bundle: pathlib.Path, layers: int, heads: int, length: int):
-    from edge_demo.contract.manifest import Manifest
+    from bundle_contract.manifest import Manifest
 
     manifest = Manifest.read(bundle)
     assert manifest.verified == ["float32", "dynamic", "float16"]
@@ -122,7 +121,7 @@ def test_a_keras_hub_classifier_is_converted_exported_and_shown_on_the_device(hu
     out = _export(hub_files, bundle, "--import-module", "keras_hub")
     assert "its 2 keras.layers.MultiHeadAttention converted to keras_mha's" in out
     _check_bundle(bundle, layers=2, heads=2, length=12)
-    shutil.copytree(REPO / "edge_demo", tmp_path / "device" / "edge_demo")
+    copy_device_app(tmp_path / "device")
     page, report = tmp_path / "view.html", tmp_path / "report.json"
     python = str(edge_python("litert"))
     run = subprocess.run(
@@ -177,7 +176,7 @@ def test_attention_the_device_cannot_draw_is_left_out_with_a_reason(cross_files,
     """Weights (1, 2, 6, 3) are not (batch, heads, T, T) over the tokens: the
     device's parity check and head view cannot read them, so export leaves the
     view signature out, says why, and the classifier verifies without it."""
-    from edge_demo.contract.manifest import Manifest
+    from bundle_contract.manifest import Manifest
 
     out = _export(cross_files, tmp_path / "bundle")
     assert "(1, 2, 6, 3), not (batch, heads, T, T) over the input's 6 tokens" in out

@@ -17,7 +17,7 @@ from export_checks import (
     tflite_runtime_loads,
 )
 
-from edge_demo.contract.vocab import Vocab
+from bundle_contract.vocab import Vocab
 from keras_mha_export import SourcePaths, export_bundle
 from keras_mha_export.graph import read_graph
 

@@ -19,11 +19,11 @@ import pytest
 from edge_bundle import example_manifest, run_main
 from export_checks import leftovers, run_cli
 
+from bundle_contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION
+from bundle_contract.entries import FileRef, ModeFailure
+from bundle_contract.manifest import MODES
+from bundle_contract.parity import FLOAT_THRESHOLDS, Parity, Thresholds
 from edge_demo.app.cli import main as edge_main
-from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION
-from edge_demo.contract.entries import FileRef, ModeFailure
-from edge_demo.contract.manifest import MODES
-from edge_demo.contract.parity import FLOAT_THRESHOLDS, Parity, Thresholds
 from edge_demo.runtimes.runtime import Runtime, select_runtime
 
 
@@ -118,7 +118,7 @@ def test_without_litert_tensorflow_without_default_delegates_verifies(
     from keras_mha_export import verify
 
     def no_litert(choice):
-        from edge_demo.errors import UsageError
+        from bundle_contract.errors import UsageError
 
         raise UsageError("cannot import ai_edge_litert.interpreter", "ai-edge-litert")
 
@@ -133,7 +133,7 @@ def test_without_litert_tensorflow_without_default_delegates_verifies(
         assert entry["verified_with"] == "tensorflow-builtin-without-default-delegates"
         assert "ai-edge-litert" not in entry["runtimes"]  # not claimed: LiteRT never saw it
     # The device, on LiteRT, gets the same verdict from the same scorer.
-    from edge_demo.contract.bundle import open_bundle
+    from bundle_contract.bundle import open_bundle
     from edge_demo.runtimes.score import run_mode
 
     bundle = open_bundle(out)
@@ -300,7 +300,7 @@ def test_left_out_lines_name_the_figures_and_the_command_that_makes_them_hold(tm
         example,
         models={"float32": example.models["float32"]},
         eval=dataclasses.replace(example.eval, task="embedding"),
-        tokenizer=FileRef("tokenizer.json", "e" * 64),
+        files={**example.files, "tokenizer": FileRef("tokenizer.json", "e" * 64)},
         failed={"int8": failure, "int16x8": failure},
     )
     run = tmp_path / "mine"

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.examples import topic_rows, write_csv
 from keras_mha.pretrained import corpus
 from keras_mha.train import finetune

@@ -233,7 +233,7 @@ def test_tests_that_train_or_export_through_any_fixture_are_slow():
 def test_parts_of_the_main_run():
     cases = {
         "browser": _item("test_page", "test_view.py", fixtures=["browser", "tmp_path"]),
-        "tflite-runtime": _item("test_tflite_runtime_214_x", "test_convert_attention.py"),
+        "tflite-runtime": _item("test_tflite_runtime_214_x", "test_export_view_signature.py"),
         "tflite-micro": _item("test_arena", "test_micro.py"),
         "layer tests": _item("test_call", "test_attention_keras.py"),
         None: _item("test_view_html", "test_view.py", fixtures=["tmp_path"]),
@@ -430,3 +430,20 @@ def test_make_demo_needs_only_litert(tmp_path):
         timeout=60,
     )
     assert all(f"-m venv {path}" in proc.stdout for path in venvs.values()), proc.stdout[-2000:]
+
+
+def test_the_pre_commit_hooks_run_what_make_lint_runs():
+    """.pre-commit-config.yaml runs each command of the Makefile's lint recipe."""
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    commands = [
+        line.strip().replace("$(VENV)", ".venv").removesuffix(" .")
+        for line in recipe.splitlines()[1:]
+        if line.startswith("\t")
+    ]
+    assert len(commands) >= 2 and all("ruff" in c for c in commands), commands
+    config = (REPO / ".pre-commit-config.yaml").read_text()
+    entries = [
+        line.split("entry:", 1)[1].strip() for line in config.splitlines() if "entry:" in line
+    ]
+    assert sorted(entries) == sorted(commands)

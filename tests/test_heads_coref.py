@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from run_checks import assert_answered_without_tensorflow
 
-from edge_demo.contract.files import sha256_file
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.files import sha256_file
 from keras_mha.data import generate_pronouns
 from keras_mha.heads import coref
 from keras_mha.heads.cli import main
@@ -224,7 +224,7 @@ def test_coref_on_a_tiny_imported_bert(tiny_run, tmp_path, capsys):
 def _word_run(out, max_length: int | None):
     """An untrained classifier on the pronoun vocabulary, as a run directory
     (`max_length` None: on 8 x 8 features, like digits, without a vocabulary)."""
-    from edge_demo.contract.vocab import Vocab
+    from bundle_contract.vocab import Vocab
     from keras_mha.data import pronouns_vocab
     from keras_mha.model import ModelConfig, build_classifier
 

@@ -20,7 +20,7 @@ import pytest
 from heads_models import tiny_token_model
 from test_edge_embedding import tokenizer_json
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.heads import encoder as E
 from keras_mha.heads.encoder_commands import cmd_importance_embedding, cmd_prune_embedding
 from keras_mha.heads.importance import head_importance, rank_heads

@@ -1,22 +1,26 @@
-"""edge_demo's import graph: one way and without a cycle; the library imports only its contract.
+"""The import graph of the device app and the bundle contract: one way, no cycle.
 
-Every module under edge_demo/ is parsed (ast) for every import it makes:
-module-level, inside functions and under `if TYPE_CHECKING:` alike, since a
-hidden import is still a dependency (issue 20: bundle -> manifest -> entries
--> deployed ⇢ bundle was hidden that way). The layers, bottom first:
+Every module under edge_demo/ and bundle_contract/ is parsed (ast) for every
+import it makes: module-level, inside functions and under `if TYPE_CHECKING:`
+alike, since a hidden import is still a dependency (issue 20: bundle ->
+manifest -> entries -> deployed ⇢ bundle was hidden that way). The layers,
+bottom first:
 
-    errors, tables   standard library only; import nothing of edge_demo
-    contract         the bundle format: imports errors
-    runtimes         imports contract, errors
-    view             the head view page: imports contract, errors
-    debug            imports runtimes, contract, tables, errors
-    app              the command line: may import everything; nothing imports it
-                     but __main__
+    errors           bundle_contract.errors: standard library only
+    contract         bundle_contract: the bundle format; imports errors
+    tables           edge_demo.tables: standard library only
+    runtimes         edge_demo.runtimes: imports contract, errors
+    view             edge_demo.view, the head view page: imports contract, errors
+    debug            edge_demo.debug: imports runtimes, contract, tables, errors
+    app              edge_demo.app, the command line: may import everything;
+                     nothing imports it but __main__
 
-keras_mha (the library) may import from edge_demo only `errors`,
-`contract.*` and the head view page (`view.page`, which `keras-mha-heads view`
-writes); never the runtimes or the app. The exporter also imports `runtimes.*`:
-it verifies a bundle with the device's own code (`runtimes.score.run_mode`).
+So contract <- library, export, device: bundle_contract imports nothing of
+the others, and the device app nothing but it (and numpy and a runtime).
+keras_mha (the library) may import from edge_demo only the head view page
+(`view.page`, which `keras-mha-heads view` writes too); the exporter only
+`runtimes.*`: it verifies a bundle with the device's own code
+(`runtimes.score.run_mode`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 EDGE = REPO / "edge_demo"
 TOP = "edge_demo"  # the folder's name, installed under it (setup.cfg)
+CONTRACT = REPO / "bundle_contract"
+CONTRACT_TOP = "bundle_contract"
+PACKAGES = {TOP: EDGE, CONTRACT_TOP: CONTRACT}
 
 # layer -> the layers its modules may import ("" is the package's __init__.py).
 ALLOWED = {
@@ -44,11 +51,11 @@ ALLOWED = {
     "app": {"", "errors", "tables", "contract", "runtimes", "view", "debug", "app"},
     "__main__": {"app"},
 }
-# What each importer outside edge_demo may import from edge_demo, by
-# dotted prefix below the package.
+# What each importer outside the device app may import from edge_demo, by
+# dotted prefix below the package (bundle_contract: anything).
 OUTSIDE = {
-    "keras_mha": ("errors", "contract", "view.page"),
-    "export": ("errors", "contract", "runtimes"),
+    "keras_mha": ("view.page",),
+    "export": ("runtimes",),
 }
 FORBIDDEN_TOP_LEVEL = {"tensorflow", "tf_keras", "keras", "keras_mha", "keras_mha_export", "export"}
 
@@ -62,11 +69,13 @@ def _python_files(root: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-MODULES = {_module_name(p, EDGE, TOP): p for p in _python_files(EDGE)}
+MODULES = {
+    _module_name(p, root, top): p for top, root in PACKAGES.items() for p in _python_files(root)
+}
 
 
 def imports_of(
-    source: str, module: str, is_package: bool, where: str = "<source>"
+    source: str, module: str, is_package: bool, where: str = "<source>", known=None
 ) -> list[tuple[int, str, bool]]:
     """Every import in `source`, anywhere in it: (line, absolute module, relative?).
 
@@ -87,8 +96,9 @@ def imports_of(
             for alias in node.names:
                 candidate = f"{target}.{alias.name}"
                 named = _edge_name(candidate)
+                modules = MODULES if known is None else known
                 found.append(
-                    (node.lineno, candidate if named in MODULES else target, node.level > 0)
+                    (node.lineno, candidate if named in modules else target, node.level > 0)
                 )
     return found
 
@@ -99,20 +109,27 @@ def _edge_name(name: str) -> str:
 
 
 def layer(module: str) -> str:
-    """`edge_demo.contract.files` -> "contract"; the package's __init__ -> ""."""
+    """`bundle_contract.files` -> "contract" (`bundle_contract.errors` -> "errors");
+    `edge_demo.runtimes.model` -> "runtimes"; edge_demo's __init__ -> ""."""
     parts = module.split(".")
+    if parts[0] == CONTRACT_TOP:
+        return "errors" if parts[1:] == ["errors"] else "contract"
     return parts[1] if len(parts) > 1 else ""
 
 
+def _ours(target: str) -> bool:
+    return target.split(".")[0] in PACKAGES
+
+
 def edge_graph() -> dict[str, dict[str, int]]:
-    """edge_demo module -> {edge_demo module it imports: first line}."""
+    """module of either package -> {module of either it imports: first line}."""
     graph: dict[str, dict[str, int]] = {}
     for name, path in MODULES.items():
         targets = graph.setdefault(name, {})
         is_package = path.name == "__init__.py"
         for line, target, _ in imports_of(path.read_text(), name, is_package, str(path)):
             target = _edge_name(target)
-            if target == TOP or target.startswith(f"{TOP}."):
+            if _ours(target):
                 while target not in MODULES:  # a name inside a module: the module
                     target = target.rsplit(".", 1)[0]
                 if target != name:
@@ -149,7 +166,7 @@ def find_cycle(graph: dict[str, dict[str, int]] | dict[str, set[str]]) -> list[s
 
 def _describe(cycle: list[str], graph: dict[str, dict[str, int]]) -> str:
     steps = [f"{a} (line {graph[a][b]}) -> {b}" for a, b in zip(cycle, cycle[1:], strict=False)]
-    return "import cycle in edge_demo: " + "; ".join(steps)
+    return "import cycle: " + "; ".join(steps)
 
 
 # --- the tests -------------------------------------------------------------------
@@ -178,7 +195,7 @@ def test_the_parser_sees_hidden_imports_and_the_finder_their_cycle():
     assert find_cycle(old) == ["bundle", "manifest", "entries", "deployed", "bundle"]
 
 
-def test_edge_demo_has_no_import_cycle():
+def test_the_device_app_and_the_contract_have_no_import_cycle():
     graph = edge_graph()
     assert len(graph) == len(MODULES) > 20
     cycle = find_cycle(graph)
@@ -201,25 +218,41 @@ def test_imports_flow_one_way():
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
 
 
-def test_edge_demo_imports_itself_relatively_and_never_tensorflow():
-    """Relative imports inside the package (a device runs a copy of the folder);
-    no tensorflow, keras or keras_mha anywhere, not even inside a function."""
+def test_each_package_imports_itself_relatively_and_never_tensorflow():
+    """Relative imports inside a package (a device runs a copy of the folders),
+    the contract by its name; no tensorflow, keras or keras_mha anywhere, not even
+    inside a function, and nothing of the device app in the contract."""
     wrong = []
     for name, path in MODULES.items():
         is_package = path.name == "__init__.py"
+        home = name.split(".")[0]
         for line, target, relative in imports_of(path.read_text(), name, is_package, str(path)):
             top = target.split(".")[0]
             where = f"{path.relative_to(REPO)}:{line}"
-            if top == TOP and not relative:
+            if top == home and not relative:
                 wrong.append(f"{where}: absolute import of {target}; use a relative import")
-            if top in FORBIDDEN_TOP_LEVEL:
+            if top != home and relative:
+                wrong.append(f"{where}: relative import of {target} outside its package")
+            if top in FORBIDDEN_TOP_LEVEL or (home == CONTRACT_TOP and top == TOP):
                 wrong.append(f"{where}: imports {target}")
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_contract_stands_alone():
+    """bundle_contract imports nothing of the library, the exporter or the device
+    app; the device app imports it and nothing else of the repository."""
+    contract = {n for n in MODULES if n.split(".")[0] == CONTRACT_TOP}
+    graph = edge_graph()
+    assert len(contract) > 15
+    outward = [(a, b) for a in contract for b in graph[a] if b.split(".")[0] != CONTRACT_TOP]
+    assert not outward, outward
+    used = {b for a in graph if a.split(".")[0] == TOP for b in graph[a]}
+    assert used & contract, "the device app imports nothing of bundle_contract?"
+
+
 @pytest.mark.parametrize("importer", sorted(OUTSIDE))
 def test_the_library_and_the_exporter_import_only_what_they_may(importer):
-    """keras_mha: errors, contract and the head view page; export also the runtimes."""
+    """keras_mha: the head view page; export: the runtimes (bundle_contract: anything)."""
     root = REPO / importer
     top = "keras_mha_export" if importer == "export" else importer
     allowed = OUTSIDE[importer]
@@ -244,6 +277,14 @@ def test_setup_cfg_installs_every_sub_package():
     config.read(REPO / "setup.cfg")
     packages = set(config["options"]["packages"].split())
     wanted = {name for name, path in MODULES.items() if path.name == "__init__.py"}
+    assert {TOP, CONTRACT_TOP} <= wanted
+    library = REPO / "keras_mha"
+    wanted |= {
+        _module_name(path, library, "keras_mha")
+        for path in _python_files(library)
+        if path.name == "__init__.py"
+    }
+    assert {"keras_mha.attention", "keras_mha.qat"} <= wanted
     assert wanted <= packages, (
         f"missing from setup.cfg [options] packages: {sorted(wanted - packages)}"
     )
@@ -258,14 +299,24 @@ def test_setup_cfg_installs_every_sub_package():
     assert f"def {function}(" in MODULES[_edge_name(module)].read_text()
 
 
-_PATH = re.compile(r"\bedge_demo/[\w/]*\w\.py\b")
-_DOTTED = re.compile(r"\bedge_demo(?:\.\w+)+")
+_PATH = re.compile(r"\b(?:edge_demo|bundle_contract)/[\w/]*\w\.py\b")
+_DOTTED = re.compile(r"\b(?:edge_demo|bundle_contract)(?:\.\w+)+")
 
 
 def test_module_paths_named_in_docs_and_docstrings_exist():
-    """`edge_demo/x/y.py` and `edge_demo.x.y[.name]` in docs and code name what exists."""
-    texts = [*(REPO / "docs").glob("*.md"), EDGE / "README.md", REPO / "README.md"]
-    for folder in ("edge_demo", "export", "keras_mha", "tests", "benchmarks", ".ci"):
+    """`edge_demo/x/y.py` and `edge_demo.x.y[.name]` (bundle_contract's too) in docs
+    and code name what exists."""
+    texts = [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
+    texts += [EDGE / "README.md", CONTRACT / "README.md"]
+    for folder in (
+        "edge_demo",
+        "bundle_contract",
+        "export",
+        "keras_mha",
+        "tests",
+        "benchmarks",
+        ".ci",
+    ):
         texts.extend(p for p in _python_files(REPO / folder) if p != pathlib.Path(__file__))
     wrong = []
     for path in texts:
@@ -282,14 +333,14 @@ def test_module_paths_named_in_docs_and_docstrings_exist():
             if not rest or rest[0].startswith("__"):
                 continue
             pattern = rf"^(?:def |class |)({re.escape(rest[0])})\b"
-            if module == TOP or not re.search(pattern, MODULES[module].read_text(), re.MULTILINE):
+            if not re.search(pattern, MODULES[module].read_text(), re.MULTILINE):
                 wrong.append(f"{path.relative_to(REPO)}: {match.group()}")
     assert not wrong, "names of modules that do not exist:\n" + "\n".join(sorted(set(wrong)))
 
 
 def test_each_room_is_imported_by_its_folders_name():
     """A newcomer who greps a folder's name finds its imports: edge_demo/ is
-    imported as edge_demo; export/ as keras_mha_export (a top-level `export`
+    imported as edge_demo, bundle_contract/ as bundle_contract; export/ as keras_mha_export (a top-level `export`
     would clash with other packages), the one mapping setup.cfg makes and
     export/__init__.py states. No other name for either anywhere."""
     config = configparser.ConfigParser()
@@ -302,7 +353,15 @@ def test_each_room_is_imported_by_its_folders_name():
     old = "keras_mha" + "_edge"  # the former installed name of edge_demo/
     stale = [
         f"{path.relative_to(REPO)}"
-        for folder in ("keras_mha", "export", "edge_demo", "tests", "benchmarks", ".ci")
+        for folder in (
+            "keras_mha",
+            "export",
+            "edge_demo",
+            "bundle_contract",
+            "tests",
+            "benchmarks",
+            ".ci",
+        )
         for path in (REPO / folder).rglob("*")
         if path.suffix in (".py", ".sh", ".cfg", ".toml", ".md")
         and "__pycache__" not in path.parts
@@ -322,16 +381,16 @@ def test_every_command_is_a_console_script_of_a_cli_module_the_error_policy_name
         for line in config["options.entry_points"]["console_scripts"].split("\n")
         if "=" in line
     )
-    policy = (EDGE / "errors.py").read_text().split('"""')[1]
+    policy = (CONTRACT / "errors.py").read_text().split('"""')[1]
     for name, target in scripts.items():
         module = target.strip().split(":")[0]
-        assert module.rsplit(".", 1)[-1] in ("cli", "qat_cli"), (name, module)
+        assert module.rsplit(".", 1)[-1] == "cli", (name, module)
         assert name.strip() in " ".join(policy.split()), f"errors.py does not name {name}"
     mains = [
         str(path.relative_to(REPO))
         for folder in ("keras_mha", "export")
         for path in _python_files(REPO / folder)
-        if path.name not in ("cli.py", "qat_cli.py", "__main__.py")
+        if path.name not in ("cli.py", "__main__.py")
         and re.search(r"^def main\(", path.read_text(), re.MULTILINE)
     ]
     assert not mains, f"main() inside library modules: {mains}"
@@ -341,8 +400,17 @@ def test_every_command_is_a_console_script_of_a_cli_module_the_error_policy_name
 
 # Where a task's name may be written: the contract's tasks (one module each and
 # their registry) and the library's table of run readers.
-TASK_HOMES = ("edge_demo/contract/tasks/", "keras_mha/rundir/tasks.py")
-TASK_NAMES = {"classification", "embedding"}
+TASK_HOMES = ("bundle_contract/tasks/", "keras_mha/rundir/tasks.py")
+
+
+def _task_names() -> set[str]:
+    """Every registered task's name (the registry: bundle_contract/tasks/registry.py)."""
+    from bundle_contract.tasks import TASKS
+
+    return set(TASKS)
+
+
+TASK_NAMES = _task_names()
 
 
 def task_branches(source: str, where: str = "<source>") -> list[tuple[int, str]]:
@@ -391,21 +459,22 @@ def test_the_task_branch_finder_sees_the_old_branches():
 
 
 def test_only_the_task_registries_tell_tasks_apart():
-    """Commands, export and the device ask the task (edge_demo/contract/tasks/);
+    """Commands, export and the device ask the task (bundle_contract/tasks/);
     none tests a task's name. Before the registry 36 lines did (issue 32 counted 33)."""
     wrong = []
-    for folder in ("keras_mha", "export", "edge_demo", "benchmarks"):
+    for folder in ("keras_mha", "export", "edge_demo", "bundle_contract", "benchmarks"):
         for path in _python_files(REPO / folder):
             where = str(path.relative_to(REPO))
             if where.startswith(TASK_HOMES):
                 continue
             for line, what in task_branches(path.read_text(), where):
                 wrong.append(f"{where}:{line} {what}")
-    assert not wrong, "ask the task instead (edge_demo/contract/tasks/):\n" + "\n".join(wrong)
+    assert not wrong, "ask the task instead (bundle_contract/tasks/):\n" + "\n".join(wrong)
 
 
-LAYER_MODULES = ("attention.py", "attention_args.py", "attention_masks.py",
-                 "attention_weights.py", "layers.py", "qat.py")  # fmt: skip
+LAYER_MODULES = ("attention/__init__.py", "attention/layer.py", "attention/args.py",
+                 "attention/masks.py", "attention/weights.py", "attention/keras_names.py",
+                 "attention/recording.py", "layers.py", "qat/points.py")  # fmt: skip
 
 
 def test_the_layer_imports_nothing_of_the_device_side():
@@ -414,9 +483,47 @@ def test_the_layer_imports_nothing_of_the_device_side():
     wrong = []
     for name in LAYER_MODULES:
         path = REPO / "keras_mha" / name
-        if not path.exists():
-            continue
+        assert path.is_file(), f"LAYER_MODULES names {name}, which is gone"
         for line, target, _ in imports_of(path.read_text(), f"keras_mha.{path.stem}", False):
             if target.split(".")[0] in {TOP, "keras_mha_export", "export"}:
                 wrong.append(f"keras_mha/{name}:{line} imports {target}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_module_is_the_lesson_and_the_api():
+    """keras_mha/attention/layer.py defines the layer class and nothing else, and
+    none of Keras's private names (attention/keras_names.py holds them)."""
+    from keras_mha.attention.keras_names import KerasNames
+
+    tree = ast.parse((REPO / "keras_mha" / "attention" / "layer.py").read_text())
+    defined = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
+    assert [n.name for n in defined] == ["MultiHeadAttention"]
+    (layer,) = defined
+    names = {
+        n.name if isinstance(n, ast.FunctionDef) else t.id
+        for n in layer.body
+        for t in (n.targets if isinstance(n, ast.Assign) else [n])
+        if isinstance(n, ast.FunctionDef) or isinstance(t, ast.Name)
+    }
+    keras_names = {n for n in vars(KerasNames) if n.startswith("_") and not n.startswith("__")}
+    assert len(keras_names) > 15
+    assert not names & keras_names, f"Keras's names in layer.py: {sorted(names & keras_names)}"
+
+
+def test_export_has_no_import_cycle():
+    """export/'s modules import one another one way (aeq.py and convert.py once
+    imported each other; the schema they share is tflite_schema.py's)."""
+    root, top = REPO / "export", "keras_mha_export"
+    modules = {_module_name(p, root, top): p for p in _python_files(root)}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        targets = graph.setdefault(name, {})
+        source, package = path.read_text(), path.name == "__init__.py"
+        for line, target, _ in imports_of(source, name, package, str(path), known=modules):
+            while target not in modules and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target not in (name, top):
+                targets.setdefault(target, line)
+    assert len(graph) > 10 and "keras_mha_export.aeq" in graph["keras_mha_export.convert"]
+    cycle = find_cycle(graph)
+    assert cycle is None, _describe(cycle, graph)

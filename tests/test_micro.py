@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
+from edge_bundle import copy_device_app
 from environment import venv_python
 
-from edge_demo.contract.parity import Thresholds, measure
-from edge_demo.contract.tensors import TensorSpec
+from bundle_contract.parity import Thresholds, measure
+from bundle_contract.tensors import TensorSpec
 
 pytest_plugins = ["edge_fixtures"]  # the session's digits bundle
 
@@ -117,9 +117,7 @@ def micro_run(digits_bundle, tmp_path_factory) -> dict:
     arrays["int8-stripped/x"] = arrays["int8/x"]
     np.savez(root / "inputs.npz", **arrays)
     app = root / "device"
-    shutil.copytree(
-        REPO / "edge_demo", app / "edge_demo", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    copy_device_app(app)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     proc = subprocess.run(
         [str(micro_python()), "-c", _CHILD, str(root / "inputs.npz"), str(root / "raw.npz")],

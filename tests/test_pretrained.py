@@ -224,7 +224,7 @@ def tiny_bundle(tiny, tmp_path_factory):
 def test_import_writes_an_embedding_run_that_export_verifies(tiny_bundle):
     run, manifest = tiny_bundle["run"], tiny_bundle["manifest"]
     assert run.metrics["task"] == "embedding" and run.config.num_heads == SHAPE["heads"]
-    assert manifest.eval.task == "embedding" and manifest.labels is None
+    assert manifest.eval.task == "embedding" and manifest.file("labels") is None
     assert manifest.verified == ["float32", "dynamic", "float16"]
     for entry in manifest.models.values():
         assert entry.dynamic_length and entry.input.dtype == "int32"
@@ -317,7 +317,7 @@ def tiny_fixed(tiny_bundle, tmp_path_factory):
 
 
 def test_a_fixed_length_bundle_is_the_dynamic_one_padded(tiny_fixed, tiny_bundle):
-    from edge_demo.contract.bundle import open_bundle
+    from bundle_contract.bundle import open_bundle
 
     manifest, length = tiny_fixed["manifest"], tiny_fixed["length"]
     dynamic = tiny_bundle["manifest"]
@@ -362,8 +362,8 @@ def test_an_encoder_at_a_fixed_length_runs_on_a_u55_after_its_lookups(tiny_fixed
 
 
 def test_length_refusals_are_one_line(tiny_bundle, tmp_path):
-    from edge_demo.contract.arrays import own_lengths
-    from edge_demo.errors import UsageError
+    from bundle_contract.arrays import own_lengths
+    from bundle_contract.errors import UsageError
     from keras_mha_export.bundle import export_bundle
 
     run = tiny_bundle["run"].path
@@ -407,7 +407,7 @@ def test_the_view_of_a_dynamic_model_runs_each_sentence_at_its_own_length(tiny_b
     eval width with zeros. A padded row is not what the model was calibrated on: an
     int8 masked-score correction (1 - m)(scores - floor), calibrated at own lengths
     where it is 0, cannot hold the padded keys' values and gives them weight."""
-    from edge_demo.contract.bundle import open_bundle
+    from bundle_contract.bundle import open_bundle
     from edge_demo.runtimes.model import EdgeModel
     from edge_demo.runtimes.runtime import select_runtime
 

@@ -101,7 +101,7 @@ def test_other_backends_give_the_same_scores(reranker, backend, tmp_path):
 
 
 def test_the_eval_pairs_are_groups_of_one_query():
-    from edge_demo.contract.parity import PASSAGES
+    from bundle_contract.tasks.pair_scoring import PASSAGES
     from keras_mha.pretrained.pairs import QUERIES, eval_pairs
 
     _, texts = corpus.split(0, 100)
@@ -238,7 +238,7 @@ def test_head_tools_take_the_cross_encoder(reranker, tmp_path):
 def test_ranking_parity_counts_ties_and_judges_each_query():
     """measure_ranking: a passage tied with the first is a hit (int8 scores come in steps);
     the float model's best falling to sixth of 20 is a top-5 miss; scores on their scale."""
-    from edge_demo.contract.parity import PASSAGES, measure_ranking, ranking_thresholds
+    from bundle_contract.tasks.pair_scoring import PASSAGES, measure_ranking, ranking_thresholds
 
     rng = np.random.default_rng(0)
     reference = rng.uniform(0, 0.5, (3 * PASSAGES, 1)).astype(np.float32)

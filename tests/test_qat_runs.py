@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from test_heads_encoder import random_encoder, write_tiny_run
 
-from edge_demo.contract.attention_parity import DEFAULT_THRESHOLDS
+from bundle_contract.attention_parity import DEFAULT_THRESHOLDS
 from keras_mha import qat
-from keras_mha.qat_cli import main
-from keras_mha.qat_train import distillation_ids
+from keras_mha.qat.cli import main
+from keras_mha.qat.train import distillation_ids
 
 pytestmark = [
     pytest.mark.slow,
@@ -85,7 +85,7 @@ def test_pronouns_per_head_qat_exports_int8_with_each_heads_own_ranges(tmp_path,
 
     What holds on any CPU, and why: int8 may change at most
     changes_allowed(1500) = 25 of the float model's 1,500 predictions (the 1 %
-    rule, edge_demo/contract/parity.py); a converged model (test accuracy
+    rule, bundle_contract/parity.py); a converged model (test accuracy
     >= 0.99 on every machine measured) changed none on Intel (oneDNN on,
     capped at AVX512_CORE_BF16, AVX2, off); on AMD EPYC its export failed on
     the old attention max bound alone. Its attention

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.data import pronouns_vocab
 from keras_mha.model import ModelConfig, build_classifier
 from keras_mha.rundir import EvalSet, RunWriter, read_run

@@ -1,4 +1,4 @@
-"""The task interface (edge_demo/contract/tasks/): what each task owns, asked for,
+"""The task interface (bundle_contract/tasks/): what each task owns, asked for,
 never tested by name (tests/test_import_graph.py counts the names)."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import math
 import numpy as np
 import pytest
 
+from bundle_contract import tasks
+from bundle_contract.arrays import check_eval
+from bundle_contract.parity import Parity
+from bundle_contract.tasks.embedding import check_embedding_eval
 from edge_demo.app.report import parity_table
-from edge_demo.contract import tasks
-from edge_demo.contract.arrays import check_embedding_eval, check_eval
-from edge_demo.contract.parity import Parity
 from edge_demo.runtimes.score import ModeResult
 
 OWN = ("check_eval", "measure", "thresholds", "describe", "figures")
@@ -30,6 +31,17 @@ def test_every_task_implements_the_interface(name):
     # its summary and device columns name figures a Parity has
     fields = {f.name for f in dataclasses.fields(Parity)}
     assert {c.field for c in (*task.summary, *task.columns)} <= fields
+
+
+def test_each_task_names_device_commands_the_app_has():
+    from edge_demo.app.cli import ACTIONS, build_parser
+
+    flags = {o for action in build_parser()._actions for o in action.option_strings}
+    for task in tasks.TASKS.values():
+        assert set(task.commands.values()) <= set(ACTIONS), task.name
+        assert set(task.commands) <= flags, task.name
+    assert tasks.TASKS["pair-scoring"].commands["--rerank"] == "rank"
+    assert "--text" not in tasks.TASKS["pair-scoring"].commands
 
 
 def test_the_registry_looks_a_name_up_and_refuses_others():
@@ -112,9 +124,9 @@ def test_a_text_classifier_takes_held_out_labels_when_it_has_them():
     """An imported checkpoint's classifier has no labels (judged against the
     float model only); one fine-tuned on the user's labels carries its held-out
     gold labels: eval.npz's y, the manifest's float_accuracy, each mode's accuracy."""
-    from edge_demo.contract.entries import EvalSpec
-    from edge_demo.contract.fields import Fields
-    from edge_demo.errors import UsageError
+    from bundle_contract.entries import EvalSpec
+    from bundle_contract.errors import UsageError
+    from bundle_contract.fields import Fields
 
     task = tasks.TASKS["text-classification"]
     bare, labelled = _text_eval(), _text_eval(np.array([0, 2, 2]))
@@ -143,3 +155,127 @@ def test_a_text_classifier_takes_held_out_labels_when_it_has_them():
     ):
         with pytest.raises(UsageError, match=fragment):
             _text_eval(y)
+
+
+# --- a new task is one module: one written here, in the test, and nothing else ---
+
+
+def _example_task():
+    """A task this test defines (what a new task's module holds): a model that
+    gives one value per sample, judged by its largest difference."""
+    from bundle_contract.arrays import EvalData, check_inputs
+    from bundle_contract.errors import UsageError
+    from bundle_contract.parity import Thresholds
+    from bundle_contract.tasks import Column, Task, register
+
+    @register
+    class Regression(Task):
+        name = "example-regression"
+        output = "values"
+        labelled = False
+        classes = False
+        attention_samples = 0
+        min_outputs = 1
+        commands = {}  # the device runs its parity run only
+        columns = (Column("max|Δ|", "max_abs_diff", ".2e"),)
+        summary = (Column("max|Δ|", "max_abs_diff", ".2g"),)
+        drops = ("accuracy", "agreement", "max|Δp|", "mean|Δp|", "attn max|Δ|", "attn agree")
+
+        def check_eval(self, arrays, where, pad_id=0):
+            x, values = arrays["x"], arrays[self.output]
+            check_inputs(x, where, "x")
+            if values.shape != (len(x), 1):
+                raise UsageError(f"values must be [{len(x)}, 1], got {values.shape}", where)
+            return EvalData(x, np.zeros(len(x), np.int64), values, labelled=False)
+
+        def measure(self, outputs, evaluation):
+            diff = np.abs(np.asarray(outputs, np.float64) - evaluation.probs)
+            return Parity(math.nan, math.nan, float(diff.max()), float(diff.mean()))
+
+        def thresholds(self, mode, samples):
+            return Thresholds(max_abs_diff=1e-5)
+
+        def describe(self, num_classes, float_accuracy, max_length):
+            return "one value per sample"
+
+        def figures(self, parity, float_accuracy):
+            return f"max|Δ| {parity.max_abs_diff:.2g}"
+
+    return Regression
+
+
+@pytest.fixture
+def example_task():
+    task = _example_task()
+    yield task
+    tasks.unregister(task.name)
+
+
+def _example_bundle(root, task, values_from_model: bool = True):
+    """A bundle of `task` written with the contract's own classes: a converted
+    y = x w model (float32), eval.npz and manifest.json."""
+    import tensorflow as tf
+
+    from bundle_contract.entries import EvalSpec, ModelEntry
+    from bundle_contract.files import sha256_file
+    from bundle_contract.manifest import Manifest
+    from bundle_contract.parity import Parity as Figures
+    from bundle_contract.tensors import TensorSpec
+
+    w = tf.constant(np.arange(1, 5, dtype=np.float32).reshape(4, 1))
+    fn = tf.function(lambda x: tf.matmul(x, w), input_signature=[tf.TensorSpec([1, 4])])
+    model = tf.lite.TFLiteConverter.from_concrete_functions([fn.get_concrete_function()]).convert()
+    root.mkdir()
+    (root / "model_float32.tflite").write_bytes(model)
+    x = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    values = x @ np.arange(1, 5, dtype=np.float32)[:, None]
+    np.savez(root / "eval.npz", x=x, values=values if values_from_model else values + 0.5)
+    entry = ModelEntry(
+        mode="float32",
+        file="model_float32.tflite",
+        sha256=sha256_file(root / "model_float32.tflite"),
+        bytes=len(model),
+        input=TensorSpec("x", (1, 4), "float32", None, None),
+        output=TensorSpec("y", (1, 1), "float32", None, None),
+        thresholds=tasks.get(task.name).thresholds("float32", 6),
+        runtimes={"ai-edge-litert": True},
+        verified=True,
+        parity=Figures(math.nan, math.nan, 0.0, 0.0),
+        ops={"FULLY_CONNECTED": 1},
+    )
+    spec = EvalSpec(
+        "eval.npz", sha256_file(root / "eval.npz"), 6, (6, 4), "float32", 1, None, task.name
+    )
+    Manifest(eval=spec, models={"float32": entry}).write(root)
+    return root
+
+
+@pytest.mark.slow  # converts a (tiny) model
+def test_a_new_task_is_one_module(example_task, tmp_path, capsys):
+    """A task defined and registered in this test alone: its bundle is read,
+    checked and run by the device, judged by the task's own measure and
+    thresholds, reported in its own columns, and summarized as export does.
+    Nothing else of the contract, export or the device knows it."""
+    from bundle_contract.bundle import open_bundle
+    from edge_demo.app.cli import main
+    from keras_mha_export.summary import summary_table
+
+    assert tasks.get("example-regression").name == "example-regression"
+    bundle = _example_bundle(tmp_path / "bundle", example_task)
+    opened = open_bundle(bundle, None)
+    assert type(opened.task) is example_task and opened.eval.probs.shape == (6, 1)
+    assert "max|Δ|" in summary_table(opened.manifest)
+    assert main([str(bundle), "--runtime", "litert"]) == 0
+    out = capsys.readouterr().out
+    assert "one value per sample" in out and "PASS: 1 of 1" in out
+    row = next(line for line in out.splitlines() if line.startswith("float32"))
+    assert float(row.split()[2]) < 1e-5  # its max|Δ| column, from its measure
+    # the same bundle whose float values are off by 0.5: its thresholds fail it
+    broken = _example_bundle(tmp_path / "broken", example_task, values_from_model=False)
+    assert main([str(broken), "--runtime", "litert"]) == 1
+    assert "max|Δ|" in capsys.readouterr().out
+    # the device takes the commands the task names, and no other
+    assert main([str(bundle), "--runtime", "litert", "--sample", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--sample: a example-regression bundle takes only the parity run" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha import data, train
 from keras_mha.train import memory
 from keras_mha.train.augment import shift_augment

@@ -180,7 +180,7 @@ PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "animal", "didn", "'", "t",
 def test_word_pieces_are_shown_as_typed_and_the_pronoun_is_a_whole_word():
     from test_edge_embedding import tokenizer_json
 
-    from edge_demo.contract.subwords import Subwords
+    from bundle_contract.subwords import Subwords
     from edge_demo.view.page import initial_query
 
     pieces = Subwords.from_bytes(
@@ -512,8 +512,8 @@ def test_encoder_pages_show_pieces_as_typed_and_open_on_the_coref_head(
     captioned with its layer selected, one map per layer x head."""
     from selenium.webdriver.common.by import By
 
+    from bundle_contract.files import sha256_file
     from edge_demo.app.cli import main as edge_main
-    from edge_demo.contract.files import sha256_file
     from keras_mha.heads.cli import main as heads_main
 
     run, bundle, shape = tiny_encoder

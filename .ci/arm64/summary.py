@@ -40,7 +40,7 @@ BUNDLES = ("digits", "text", "encoder", "reranker")
 EMBEDDING_BUNDLES = ("encoder",)  # outputs are unit sentence vectors, not probabilities
 # outputs are one score per (query, passage) pair, in groups of PASSAGES rows per query
 RANKING_BUNDLES = ("reranker",)
-PASSAGES = 20  # edge_demo/contract/parity.py's
+PASSAGES = 20  # bundle_contract/parity.py's
 REFERENCE = "x86-64"
 FLOAT_MODES = ("float32", "float16")  # float arithmetic throughout
 

@@ -2,7 +2,7 @@
 # make test-arm64: the edge demo on emulated 64-bit Raspberry Pi CPUs.
 #
 # Restores (or first builds: rootfs.sh) a Debian bookworm arm64 root file system
-# with numpy + LiteRT, copies edge_demo/ and the bundles in, and runs
+# with numpy + LiteRT, copies the device app (edge_demo.DEVICE_PACKAGES) and the bundles in, and runs
 # `python3 -m edge_demo BUNDLE --json REPORT` as each CPU in ARM64_CPUS
 # (QEMU_CPU). Passes when every run exits 0 (every mode meets the manifest's
 # thresholds) and nothing says LiteRT ran without a usable CPU description.
@@ -27,6 +27,8 @@ query=${7:?"a query for the encoder's --text and the reranker's --pair"}
 cpus=${ARM64_CPUS-cortex-a72 cortex-a76}
 host_python=${HOST_PYTHON:-python3}  # numpy, for summary.py --modes-for
 chroot=$(command -v chroot || echo /usr/sbin/chroot)
+device_packages=$(cd "$repo" && "$host_python" -c 'import edge_demo; print(*edge_demo.DEVICE_PACKAGES)') ||
+    { echo "test.sh: cannot read edge_demo.DEVICE_PACKAGES with $host_python" >&2; exit 2; }
 
 fail() { echo "test-arm64: FAIL: $*" >&2; exit 1; }
 
@@ -82,8 +84,11 @@ prepare_root() {
     mount --bind "$root/tmp/cpuinfo-$cpu" "$root/proc/cpuinfo"
     local app=$root/opt/app
     mkdir -p "$app/bundles" "$app/out"
-    cp -r "$repo/edge_demo" "$app/edge_demo"
-    find "$app/edge_demo" -name __pycache__ -type d -prune -exec rm -rf {} +
+    # What a device copies (edge_demo.DEVICE_PACKAGES), nothing else of the repository.
+    for package in $device_packages; do
+        cp -r "$repo/$package" "$app/$package"
+        find "$app/$package" -name __pycache__ -type d -prune -exec rm -rf {} +
+    done
     cp -r "$digits" "$app/bundles/digits"
     cp -r "$text_bundle" "$app/bundles/text"
     cp -r "$encoder_bundle" "$app/bundles/encoder"
@@ -131,8 +136,10 @@ run_cpu() {
             --json "out/$cpu-$name.json" --raw "out/$cpu-$name-raw.npz" ||
             fail "edge demo on $name as $cpu exited $?"
         check_stderr "$out/$cpu-$name.err"
-        grep -q "XNNPACK" "$out/$cpu-$name.err" ||
-            fail "LiteRT did not create its XNNPACK delegate as $cpu (see $out/$cpu-$name.err)"
+        # the report's runtime.delegates: what LiteRT said it created when a model loaded
+        "$host_python" -c 'import json, sys; sys.exit("XNNPACK" not in json.load(open(sys.argv[1]))["runtime"]["delegates"])' \
+            "$app/out/$cpu-$name.json" ||
+            fail "LiteRT did not create its XNNPACK delegate as $cpu (runtime.delegates in $cpu-$name.json)"
     done
     in_arm "$cpu" "$out/$cpu-text-sentence.err" python3 -m edge_demo bundles/text --text "$sentence" |
         tee "$out/$cpu-text-sentence.txt" || fail "--text as $cpu exited $?"

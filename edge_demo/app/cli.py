@@ -16,7 +16,7 @@ import argparse
 import os
 import pathlib
 
-from ..errors import (
+from bundle_contract.errors import (
     DEBUG_ENV,
     Parser,
     UsageError,
@@ -26,6 +26,7 @@ from ..errors import (
     run_main,
     shown,
 )
+
 from .options import DemoOptions
 
 # numpy and the runtime code are imported in `run`, under `run_main`: Ctrl-C
@@ -267,26 +268,17 @@ def _check_request(bundle, options: DemoOptions) -> None:
         raise UsageError(
             f"{options.sample} is out of range: eval.npz has samples 0..{samples - 1}", "--sample"
         )
-    from ..contract.files import check_output
+    from bundle_contract.files import check_output
+
     from .head_view import check_view_path
 
-    scores_pairs = bundle.task.pairs
-    if (options.pair or options.rerank) and not scores_pairs:
-        flag = "--pair" if options.pair else "--rerank"
-        raise UsageError(f"needs a cross-encoder bundle; this one is for {bundle.task.name}", flag)
-    if scores_pairs and options.text is not None:
-        raise UsageError(
-            'a cross-encoder scores pairs: use --pair "query" "passage" or --rerank QUERY FILE.txt',
-            "--text",
-        )
-    if bundle.task.search:  # --embed and --out: a search bundle's sentence vectors
-        if options.out is not None:
-            check_output(options.out, "--out", protected=bundle.root)
-    elif options.embed is not None:
-        raise UsageError(
-            f"needs a bundle that embeds sentences; this one is for {bundle.task.name}", "--embed"
-        )
-    elif options.text is not None and bundle.vocab is None and bundle.tokenizer is None:
+    command, commands = _command(options), bundle.task.commands
+    if command is not None and command not in commands:
+        takes = f"{', '.join(commands)} or none" if commands else "only the parity run"
+        raise UsageError(f"a {bundle.task.name} bundle takes {takes}", command)
+    if options.out is not None:  # with --embed: the sentence vectors
+        check_output(options.out, "--out", protected=bundle.root)
+    if options.text is not None and bundle.vocab is None and bundle.tokenizer is None:
         raise UsageError(
             f"needs a text bundle with vocab.json; {bundle.path('manifest.json')} has "
             f'"vocab": null (dataset {bundle.manifest.dataset!r})',
@@ -301,14 +293,72 @@ def _check_request(bundle, options: DemoOptions) -> None:
             raise UsageError("needs the attention signature; use --runtime litert", "--view")
 
 
+def _command(options: DemoOptions) -> str | None:
+    """The one-input command given (its flag), or None: the parity run."""
+    given = {
+        "--sample": options.sample is not None,
+        "--text": options.text is not None,
+        "--embed": options.embed is not None,
+        "--pair": options.pair is not None,
+        "--rerank": options.rerank is not None,
+    }
+    return next((flag for flag, on in given.items() if on), None)
+
+
+def _predict(bundle, runtime, options: DemoOptions, plan):
+    from .runs import run_sample, run_text
+
+    if options.text is not None:
+        return run_text(bundle, runtime, options, plan)
+    return run_sample(bundle, runtime, options, plan), None, ()
+
+
+def _search(bundle, runtime, options: DemoOptions, plan):
+    from .search import run_search
+
+    code, x = run_search(bundle, runtime, options, plan)
+    return code, x, ()
+
+
+def _embed(bundle, runtime, options: DemoOptions, plan) -> int:
+    from .search import run_embed
+
+    return run_embed(bundle, runtime, options, plan)
+
+
+def _score(bundle, runtime, options: DemoOptions, plan):
+    from .rerank import run_pair
+
+    code, x = run_pair(bundle, runtime, options, plan)
+    return code, x, ()
+
+
+def _rank(bundle, runtime, options: DemoOptions, plan) -> int:
+    from .rerank import run_rerank
+
+    return run_rerank(bundle, runtime, options, plan)
+
+
+# What the app does for each action a task names in `Task.commands`: (code, the input
+# run, tokens dropped) for one input, which --view may draw; or an exit code.
+ACTIONS = {
+    "predict": _predict,
+    "search": _search,
+    "embed": _embed,
+    "score": _score,
+    "rank": _rank,
+}
+
+
 def run(options: DemoOptions) -> int:
     """Validate the bundle, import the runtime, probe the models, run."""
     import numpy as np
 
-    from ..contract.bundle import open_bundle
+    from bundle_contract.bundle import open_bundle
+
     from ..runtimes.runtime import select_runtime
     from .head_view import view_mode, write_view
-    from .runs import header, plan_modes, run_parity, run_sample, run_text
+    from .runs import header, plan_modes, run_parity
 
     np.seterr(all="ignore")  # a hostile scale's overflow is a result, never a warning on stderr
     if options.debug is not None:
@@ -335,30 +385,16 @@ def run(options: DemoOptions) -> int:
                 f"({'; '.join(view.misses()) or 'no figures'})"
             )
     plan = plan_modes(bundle, runtime)
-    if options.embed is not None:  # a search bundle (_check_request)
-        from .search import run_embed
-
-        return run_embed(bundle, runtime, options, plan)
+    command = _command(options)
+    if command is None:
+        return run_parity(bundle, runtime, options, plan)
+    action = ACTIONS[bundle.task.commands[command]]  # the task's (_check_request)
     if options.view is not None:
         view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])  # before output
-    if options.rerank is not None:
-        from .rerank import run_rerank
-
-        return run_rerank(bundle, runtime, options, plan)
-    if bundle.task.pairs and (options.pair or options.sample is not None):
-        from .rerank import run_pair
-
-        (code, x), dropped = run_pair(bundle, runtime, options, plan), ()
-    elif bundle.task.search and (options.text is not None or options.sample is not None):
-        from .search import run_search
-
-        (code, x), dropped = run_search(bundle, runtime, options, plan), ()
-    elif options.text is not None:
-        code, x, dropped = run_text(bundle, runtime, options, plan)
-    elif options.sample is not None:
-        code, x, dropped = run_sample(bundle, runtime, options, plan), None, ()
-    else:
-        return run_parity(bundle, runtime, options, plan)
+    answer = action(bundle, runtime, options, plan)
+    if not isinstance(answer, tuple):  # a whole answer (--embed, --rerank): no view
+        return answer
+    code, x, dropped = answer
     if options.view is not None:
         mode = view_mode(bundle, [m for m, skipped in plan.items() if skipped is None])
         notes = write_view(

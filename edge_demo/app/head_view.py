@@ -26,10 +26,11 @@ import pathlib
 
 import numpy as np
 
-from ..contract.attention import output_name
-from ..contract.bundle import Bundle
-from ..contract.files import check_output
-from ..errors import UsageError
+from bundle_contract.attention import output_name
+from bundle_contract.bundle import Bundle
+from bundle_contract.errors import UsageError
+from bundle_contract.files import check_output
+
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.runtime import Runtime
 from ..view.page import ViewData, initial_query, write_html

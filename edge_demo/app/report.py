@@ -6,8 +6,9 @@ import math
 
 import numpy as np
 
-from ..contract.attention_parity import share_cell
-from ..contract.tasks import DEFAULT, Task
+from bundle_contract.attention_parity import share_cell
+from bundle_contract.tasks import DEFAULT, Task
+
 from ..runtimes.score import ModeResult
 from ..tables import format_table
 

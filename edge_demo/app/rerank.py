@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..contract.arrays import own_lengths
-from ..contract.bundle import Bundle
-from ..errors import UsageError, shown
+from bundle_contract.arrays import own_lengths
+from bundle_contract.bundle import Bundle
+from bundle_contract.errors import UsageError, shown
+
 from ..runtimes.model import InferenceError
 from ..runtimes.runtime import Runtime
 from ..tables import format_table

@@ -8,9 +8,10 @@ line and chooses; report.py formats.
 
 from __future__ import annotations
 
-from ..contract.bundle import Bundle
-from ..contract.files import write_bytes_atomic, write_json_atomic
-from ..errors import UsageError, safe, shown
+from bundle_contract.bundle import Bundle
+from bundle_contract.errors import UsageError, safe, shown
+from bundle_contract.files import write_bytes_atomic, write_json_atomic
+
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
 from ..runtimes.probe import probe_model

@@ -14,9 +14,10 @@ import pathlib
 
 import numpy as np
 
-from ..contract.bundle import Bundle
-from ..contract.files import read_utf8, write_bytes_atomic
-from ..errors import UsageError, shown
+from bundle_contract.bundle import Bundle
+from bundle_contract.errors import UsageError, shown
+from bundle_contract.files import read_utf8, write_bytes_atomic
+
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
 from ..runtimes.runtime import Runtime

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import pathlib
 
-from ..contract.bundle import Bundle, open_bundle
-from ..contract.manifest import Manifest
-from ..errors import UsageError, shown
+from bundle_contract.bundle import Bundle, open_bundle
+from bundle_contract.errors import UsageError, shown
+from bundle_contract.manifest import Manifest
+
 from ..runtimes.probe import probe_model
 from ..runtimes.runtime import RUNTIMES, select_runtime
 
@@ -62,7 +63,8 @@ def run_debug(
     Without `sample`, every eval sample; a dynamic-length model's first
     `dynamic_samples` (None: all). UsageError (exit 2) on bad input.
     """
-    from ..contract.files import check_output, write_json_atomic
+    from bundle_contract.files import check_output, write_json_atomic
+
     from . import debugger
 
     check_debug_runtime(runtime_choice)

@@ -37,7 +37,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..contract.tensors import TensorSpec
+from bundle_contract.tensors import TensorSpec
+
 from ..runtimes.model import EdgeModel
 from ..tables import format_table
 

@@ -15,10 +15,11 @@ import time
 
 import numpy as np
 
-from ..contract.arrays import own_lengths, pad_ids
-from ..contract.entries import ModelEntry, Signature
-from ..contract.tensors import TensorSpec
-from ..errors import UsageError
+from bundle_contract.arrays import own_lengths, pad_ids
+from bundle_contract.entries import ModelEntry, Signature
+from bundle_contract.errors import UsageError
+from bundle_contract.tensors import TensorSpec
+
 from .runtime import Runtime, captured_stderr
 
 
@@ -119,6 +120,7 @@ class EdgeModel:
         if error is not None:
             detail = " ".join(f"{error} {''.join(captured)}".split())[:300]
             raise UsageError(f"{runtime.name} cannot load it ({detail})", where)
+        runtime.note_load("".join(captured))
         self.load_ms = (time.perf_counter() - start) * 1e3
         self.interpreter = interpreter
         details = interpreter.get_input_details(), interpreter.get_output_details()
@@ -173,7 +175,7 @@ class EdgeModel:
         self.outputs = (TensorSpec.from_detail(interpreter.get_output_details()[0]),)
         self.input, self.output = self.inputs[0], self.outputs[0]
 
-    own_lengths = staticmethod(own_lengths)  # contract/arrays.py
+    own_lengths = staticmethod(own_lengths)  # bundle_contract/arrays.py
 
     def run_signature(
         self, name: str, x: np.ndarray, signature: Signature | None = None

@@ -1,7 +1,7 @@
 """Which file a runtime runs for a mode: the named model, or the mode's deploy file.
 
 Runtimes in `DEPLOY_RUNTIMES` (TFLM) run the deploy file
-(contract/deploy.py: the classifier alone, without tensor names and
+(bundle_contract/deploy.py: the classifier alone, without tensor names and
 signatures); the others run the named model. The deploy file has no tensor
 names and no attention signature, so the entry it is checked against has
 neither (`runtime_entry`). Standard library only.
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..contract.bundle import Bundle, read_model
-from ..contract.entries import ModelEntry
-from ..errors import UsageError
+from bundle_contract.bundle import Bundle, read_model
+from bundle_contract.entries import ModelEntry
+from bundle_contract.errors import UsageError
+
 from .runtime import MICRO_RUNTIME, Runtime
 
 DEPLOY_RUNTIMES = frozenset({MICRO_RUNTIME})  # run `deploy.file`, never the named model

@@ -20,9 +20,10 @@ import sys
 
 import numpy as np
 
-from ..contract.entries import ModelEntry
-from ..contract.tensors import TensorSpec
-from ..errors import UsageError
+from bundle_contract.entries import ModelEntry
+from bundle_contract.errors import UsageError
+from bundle_contract.tensors import TensorSpec
+
 from .model import manifest_mismatch
 from .runtime import Runtime
 

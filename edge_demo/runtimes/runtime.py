@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import platform
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from bundle_contract.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,9 @@ class RuntimeEntry:
     numpy_below_2: bool = False  # its binary wheels were built against numpy 1.x
 
 
+# LiteRT's (and tflite-runtime's) line when it applies a delegate to a model.
+DELEGATE_CREATED = re.compile(r"Created TensorFlow Lite (\w+) delegate")
+_DELEGATES: dict[str, set[str]] = {}  # runtime name -> the delegates it said it created
 MICRO_RUNTIME = "tflite-micro"  # TensorFlow Lite Micro (micro.py)
 RUNTIMES: dict[str, RuntimeEntry] = {
     "litert": RuntimeEntry("ai-edge-litert", "ai_edge_litert.interpreter", "ai_edge_litert"),
@@ -56,6 +60,18 @@ class Runtime:
     module: str  # the absolute interpreter module, for the child-process probe
     interpreter: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
 
+    def note_load(self, output: str) -> None:
+        """Keep what a model's load wrote to fd 2 says of delegates (`delegates`)."""
+        _DELEGATES.setdefault(self.name, set()).update(DELEGATE_CREATED.findall(output))
+
+    @property
+    def delegates(self) -> list[str]:
+        """The delegates this runtime said it created in this process ("XNNPACK").
+
+        LiteRT logs "Created TensorFlow Lite XNNPACK delegate" on fd 2 once per
+        process, when the first model loads; the app captures it (model.py)."""
+        return sorted(_DELEGATES.get(self.name, ()))
+
     def info(self) -> dict:
         """What the report and JSON say about the runtime and its environment."""
         return {
@@ -65,6 +81,7 @@ class Runtime:
             "numpy": np.__version__,
             "python": platform.python_version(),
             "machine": platform.machine(),
+            "delegates": self.delegates,
         }
 
 

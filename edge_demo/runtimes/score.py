@@ -20,12 +20,13 @@ import sys
 
 import numpy as np
 
-from ..contract import attention_parity
-from ..contract.attention import output_name
-from ..contract.attention_parity import AttentionParity, AttentionThresholds
-from ..contract.bundle import Bundle
-from ..contract.parity import Parity, Thresholds
-from ..errors import UsageError
+from bundle_contract import attention_parity
+from bundle_contract.attention import output_name
+from bundle_contract.attention_parity import AttentionParity, AttentionThresholds
+from bundle_contract.bundle import Bundle
+from bundle_contract.errors import UsageError
+from bundle_contract.parity import Parity, Thresholds
+
 from .model import EdgeModel, InferenceError
 from .policy import runtime_content, runtime_entry, uses_deploy
 from .runtime import Runtime
@@ -42,7 +43,7 @@ class ModeResult:
     agreement: float = math.nan
     max_abs_diff: float = math.nan
     mean_abs_diff: float = math.nan
-    # An embedding model's figures (parity.measure_embeddings).
+    # An embedding model's figures (tasks/embedding.py, measure_embeddings).
     min_cosine: float = math.nan
     mean_cosine: float = math.nan
     top1: float = math.nan

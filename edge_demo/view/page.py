@@ -33,7 +33,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..contract.files import write_bytes_atomic
+from bundle_contract.files import write_bytes_atomic
+
 from .assets import SCRIPT, STYLE
 
 INPUT_KINDS = ("pixels", "text")

@@ -21,10 +21,10 @@ pruned one: keras_mha.pretrained.encoding.
 """
 
 from keras_mha.heads.cli import main  # the console script (keras_mha.heads.cli:main)
-from keras_mha.heads.finetune import finetune
 from keras_mha.heads.importance import SPLITS, head_importance, rank_heads, scoring_data
 from keras_mha.heads.masks import accuracy, all_heads_on, as_removal, heads_per_layer, predict
 from keras_mha.heads.reconstruction import RIDGE, reconstruct, refit, trace
+from keras_mha.heads.retrain import finetune
 from keras_mha.heads.selection import count_heads, pruning_curve, select_heads_to_prune
 from keras_mha.heads.statistics import cue_accuracy, paired_drop, spearman
 from keras_mha.heads.surgery import prune_model, pruned_config

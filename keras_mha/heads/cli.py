@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import argparse
 
-from edge_demo.errors import Parser, nonnegative_int, positive_int, run_main
+from bundle_contract.errors import Parser, nonnegative_int, positive_int, run_main
 from keras_mha.heads.importance import SPLITS  # numpy only: TensorFlow loads in _run
-from keras_mha.quiet import import_tensorflow
+from keras_mha.quiet_tensorflow import import_tensorflow
 
 PROG = "keras-mha-heads"
 
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet_tensorflow.py)
     from keras_mha.heads import commands
 
     return getattr(commands, f"cmd_{args.command}")(args)

@@ -15,13 +15,13 @@ import pathlib
 
 import numpy as np
 
-from edge_demo.contract.files import check_writable, sha256_file, write_json_atomic
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.files import check_writable, sha256_file, write_json_atomic
 from keras_mha.heads import plotting
-from keras_mha.heads.finetune import finetune
 from keras_mha.heads.importance import head_importance, scoring_data
 from keras_mha.heads.masks import accuracy, all_heads_on, as_removal, heads_per_layer, predict
 from keras_mha.heads.reconstruction import reconstruct, reconstruction_record
+from keras_mha.heads.retrain import finetune
 from keras_mha.heads.selection import pruning_curve, select_heads_to_prune
 from keras_mha.heads.statistics import cue_accuracy, paired_drop
 from keras_mha.heads.surgery import prune_model
@@ -356,7 +356,7 @@ def _encoder_view(run, sample: int | None, text: str | None):
     """An embedding run's page: word pieces as typed, the float encoder's attention."""
     from keras import ops
 
-    from edge_demo.contract.arrays import own_lengths
+    from bundle_contract.arrays import own_lengths
     from edge_demo.view.page import ViewData, initial_query
     from keras_mha.pretrained.bert import encoder_forward
 

@@ -36,12 +36,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.data import CUES, PRONOUN
 
 LESSON = "The animal didn't cross the street because it was too tired."
 LESSON_LABEL = 0  # "it" is the animal
-WORD = re.compile(r"[a-z0-9']+")  # edge_demo.contract.vocab.TOKEN_PATTERN
+WORD = re.compile(r"[a-z0-9']+")  # bundle_contract.vocab.TOKEN_PATTERN
 PRONOUNS = tuple(p for p, _ in PRONOUN.values())  # ("it", "they")
 BASELINES = ("nearest noun", "first noun", "chance")
 COREF_FILE = pathlib.Path("heads") / "coref.json"  # in the run directory
@@ -397,15 +397,15 @@ def read_best_head(
 ):
     """RUN_DIR/heads/coref.json's best head for the model in `model_file`: `(head, note)`.
 
-    `head` is a `edge_demo.contract.attention.CorefHead` (what a bundle
+    `head` is a `bundle_contract.attention.CorefHead` (what a bundle
     manifest's `coref_head` holds), or None: without the file (note None),
     or when the file is for another model.keras (its `model_sha256` differs)
     or for other heads per layer (then `note` says so). A file that cannot be
     read as the command writes it is a UsageError naming it.
     """
-    from edge_demo.contract.attention import CorefHead
-    from edge_demo.contract.fields import Fields, parse_json
-    from edge_demo.contract.files import sha256_file
+    from bundle_contract.attention import CorefHead
+    from bundle_contract.fields import Fields, parse_json
+    from bundle_contract.files import sha256_file
 
     path = pathlib.Path(run_dir) / COREF_FILE
     if not path.is_file():

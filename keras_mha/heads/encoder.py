@@ -23,7 +23,7 @@ import weakref
 
 import numpy as np
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.heads.masks import all_heads_on, heads_per_layer
 from keras_mha.heads.reconstruction import output_matrix, refit
@@ -432,39 +432,25 @@ def reconstruct_encoder(
 
 
 # ---------------------------------------------------------------------- table
-def fidelity(
-    vectors: np.ndarray, reference: np.ndarray, classes: bool = False, ranking: bool = False
-) -> dict:
-    """Mean / min cosine and top-1 / top-5 neighbour agreement (`measure_embeddings`);
-    `classes`: a classifier's probabilities, top-1 agreement and max / mean |Δp|;
-    `ranking`: a cross-encoder's scores, top-1 / top-5 of each query's passages and
-    max / mean |Δ| (`measure_ranking`)."""
-    from edge_demo.contract.parity import measure, measure_embeddings, measure_ranking
+def fidelity(outputs: np.ndarray, reference: np.ndarray, task) -> dict:
+    """`task`'s figures (`Task.fidelity`, from its own `measure`) of a model's eval
+    outputs against `reference`, the unpruned model's on the same inputs: a sentence
+    encoder's cosines and neighbours, a classifier's agreement and |Δp|, a
+    cross-encoder's rankings and |Δ|."""
+    from bundle_contract.arrays import EvalData
 
-    if ranking:
-        p = measure_ranking(vectors, reference)
-        return {
-            "top1": p.top1,
-            "top5": p.top5,
-            "max_abs_diff": p.max_abs_diff,
-            "mean_abs_diff": p.mean_abs_diff,
-        }
+    reference = np.asarray(reference, np.float32)
+    unlabelled = EvalData(None, np.zeros(len(reference), np.int64), reference, labelled=False)
+    parity = task.measure(outputs, unlabelled)
+    return {name: getattr(parity, name) for name in task.fidelity}
 
-    if classes:
-        p = measure(vectors, None, reference)
-        return {
-            "agreement": p.agreement,
-            "max_abs_diff": p.max_abs_diff,
-            "mean_abs_diff": p.mean_abs_diff,
-        }
 
-    p = measure_embeddings(vectors, reference)
-    return {
-        "mean_cosine": p.mean_cosine,
-        "min_cosine": p.min_cosine,
-        "top1": p.top1,
-        "top5": p.top5,
-    }
+def _cosines(vectors: np.ndarray, reference: np.ndarray) -> dict:
+    """A sentence encoder's figures (`measure_embeddings`), for the ridge and pruning studies."""
+    from bundle_contract.tasks.embedding import Embedding, measure_embeddings
+
+    parity = measure_embeddings(vectors, reference)
+    return {name: getattr(parity, name) for name in Embedding.fidelity}
 
 
 def prune_and_refit(
@@ -506,7 +492,7 @@ def choose_ridge(
     for ridge in ridges:
         pruned, _ = prune_encoder(model, removed, config)
         reconstruct_encoder(model, pruned, fit, ridge, ffn)
-        rows.append({"ridge": ridge, **fidelity(embed(pruned, rest), reference)})
+        rows.append({"ridge": ridge, **_cosines(embed(pruned, rest), reference)})
         if log:
             log(f"ridge {ridge:g}: held-out calibration mean cosine {rows[-1]['mean_cosine']:.4f}")
     best = max(rows, key=lambda r: r["mean_cosine"])
@@ -541,8 +527,8 @@ def pruning_table(
             "fraction": fraction,
             "removed": [list(p) for p in removed],
             "heads_per_layer": [len(k) for k in keep],
-            "masked": fidelity(masked, reference),
-            "reconstructed": fidelity(rebuilt, reference),
+            "masked": _cosines(masked, reference),
+            "reconstructed": _cosines(rebuilt, reference),
             "seconds": round(time.perf_counter() - start, 1),
         }
         rows.append(row)

@@ -11,7 +11,7 @@ import argparse
 import pathlib
 import time
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.heads.encoder import (
     ENCODER_RIDGE,
     ablation_importance,
@@ -26,6 +26,17 @@ from keras_mha.heads.masks import heads_per_layer
 from keras_mha.heads.statistics import spearman
 from keras_mha.model import count_params, encoder_blocks
 from keras_mha.pretrained.encoding import embed
+
+# How the figures of `Task.fidelity` are printed.
+FIGURE_NAMES = {
+    "mean_cosine": "mean cosine",
+    "min_cosine": "min cosine",
+    "top1": "top-1",
+    "top5": "top-5",
+    "agreement": "agreement",
+    "max_abs_diff": "max |Δ|",
+    "mean_abs_diff": "mean |Δ|",
+}
 
 
 def write_pruned_run(run, pruned, out, pruning: dict, overwrite: bool = False, vectors=None):
@@ -90,7 +101,7 @@ def _plot(rows: list[dict], path: pathlib.Path, removed=()) -> None:
 
 def cmd_importance_embedding(args: argparse.Namespace) -> int:
     """`keras-mha-heads importance RUN` for an embedding run: RUN/heads/importance.json."""
-    from edge_demo.contract.files import check_writable, write_json_atomic
+    from bundle_contract.files import check_writable, write_json_atomic
     from keras_mha.rundir.embedding import read_embedding_run
 
     out = pathlib.Path(args.run_dir) / "heads"
@@ -134,7 +145,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
     removal, refit on the calibration sentences unless `--no-reconstruct`;
     `--finetune-epochs` is refused (no labels, no training loss).
     """
-    from edge_demo.contract.files import check_writable
+    from bundle_contract.files import check_writable
     from keras_mha.rundir.embedding import read_embedding_run
     from keras_mha.rundir.writing import check_out
 
@@ -155,11 +166,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
     reference = run.eval.probs
     scores = jacobian_importance(model, run.calibration)
     removed = select_heads(scores, args.fraction)
-    classes = run.task.classes  # a classifier: agreement and |Δp|, not cosines
-    ranking = run.task.pairs  # a cross-encoder: its queries' rankings and |Δscore|
-    masked = fidelity(
-        embed(model, run.eval.x, removal_masks(model, removed)), reference, classes, ranking
-    )
+    masked = fidelity(embed(model, run.eval.x, removal_masks(model, removed)), reference, run.task)
     reconstruct = getattr(args, "reconstruct", True)
     pruned, keep = prune_encoder(model, removed, run.config)
     report = None
@@ -190,7 +197,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         },
     }
     vectors = embed(pruned, run.eval.x)
-    figures = fidelity(vectors, reference, classes, ranking)
+    figures = fidelity(vectors, reference, run.task)
     pruning["eval_pruned" if report is None else "eval_reconstructed"] = figures
     write_pruned_run(run, pruned, args.out, pruning, args.overwrite, vectors)
     total = sum(pruning["heads_before"])
@@ -200,21 +207,7 @@ def cmd_prune_embedding(args: argparse.Namespace) -> int:
         f"{pruning['params_before']} -> {pruning['params_after']}"
     )
     for name, f in (("masked", masked), ("reconstructed" if reconstruct else "pruned", figures)):
-        if ranking:
-            print(
-                f"{name:>13}: top-1 {f['top1']:.3f}, top-5 {f['top5']:.3f}, max |Δ| "
-                f"{f['max_abs_diff']:.4f} (eval queries, against the unpruned cross-encoder)"
-            )
-            continue
-        if classes:
-            print(
-                f"{name:>13}: agreement {f['agreement']:.4f}, max |Δp| {f['max_abs_diff']:.4f}, "
-                f"mean |Δp| {f['mean_abs_diff']:.5f} (eval, against the unpruned classifier)"
-            )
-            continue
-        print(
-            f"{name:>13}: mean cosine {f['mean_cosine']:.4f}, min {f['min_cosine']:.4f}, "
-            f"top-1 {f['top1']:.3f}, top-5 {f['top5']:.3f} (eval, against the unpruned vectors)"
-        )
+        shown = ", ".join(f"{FIGURE_NAMES[k]} {v:.4f}" for k, v in f.items())
+        print(f"{name:>13}: {shown} (eval, against the unpruned model)")
     print(f"wrote {args.out}")
     return 0

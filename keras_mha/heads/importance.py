@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.heads.masks import all_heads_on
 
 SPLITS = ("train", "validation")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.heads.importance import head_importance, rank_heads
 from keras_mha.heads.masks import accuracy, all_heads_on, as_removal
 from keras_mha.heads.reconstruction import reconstruct, trace

@@ -44,7 +44,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 from keras_mha.layers import (
     BertEmbeddings,
     FirstTokenPooling,

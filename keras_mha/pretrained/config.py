@@ -11,7 +11,7 @@ import json
 import pathlib
 from typing import Any
 
-from edge_demo.errors import UsageError, safe
+from bundle_contract.errors import UsageError, safe
 
 # Each family: Hugging Face's config.json keys for ours, the architectures
 # whose encoder the import keeps (a bare encoder, or one with a pretraining head

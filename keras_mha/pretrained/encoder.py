@@ -7,8 +7,8 @@ import pathlib
 
 import numpy as np
 
-from edge_demo.contract.subwords import Subwords
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.subwords import Subwords
 from keras_mha.pretrained.bert import build_encoder, load_weights
 from keras_mha.pretrained.checkpoint import Checkpoint, resolve
 from keras_mha.pretrained.config import BertConfig
@@ -85,7 +85,7 @@ def load(
 ) -> Encoder:
     """A pretrained encoder from a known name or a checkpoint directory (never downloaded).
 
-    Raises `edge_demo.errors.UsageError` (a ValueError), one line, for a
+    Raises `bundle_contract.errors.UsageError` (a ValueError), one line, for a
     missing file, a checksum mismatch or a configuration the encoder cannot
     honour.
     """

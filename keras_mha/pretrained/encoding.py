@@ -6,14 +6,14 @@
 - `build_pruned_encoder`: the encoder with its own heads per layer.
 
 Shared by head analysis (keras_mha/heads/encoder.py) and quantization-aware
-distillation (keras_mha/qat_train.py).
+distillation (keras_mha/qat/train.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 
 BATCH_SIZE = 32  # sentences per forward batch
 

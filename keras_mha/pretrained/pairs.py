@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edge_demo.contract.parity import PASSAGES
+from bundle_contract.tasks.pair_scoring import PASSAGES
 from keras_mha.pretrained import corpus
 
 QUERIES = 30  # groups: 600 pairs, each mode's parity a few seconds for MiniLM

@@ -44,7 +44,7 @@ import pathlib
 
 import numpy as np
 
-from edge_demo.contract.arrays import own_lengths
+from bundle_contract.arrays import own_lengths
 
 DEFAULT_ALPHA = 0.75
 DEFAULT_FFN_RATIO = 4.0

@@ -17,7 +17,7 @@ for every task (`task`, `eval_data`, `bundle_files()`, ...).
 
 Every problem is a `UsageError` (a `ValueError`) with one line naming the
 file, the array or field, and what is wrong. The array checks the device
-makes too (probabilities, finite inputs) are `edge_demo.contract.arrays`'s.
+makes too (probabilities, finite inputs) are `bundle_contract.arrays`'s.
 """
 
 from keras_mha.rundir.checks import (

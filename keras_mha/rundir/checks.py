@@ -1,7 +1,7 @@
 """What a run directory's contents must satisfy, each check one line naming file and array.
 
 Array checks the device makes too (probabilities, finite inputs) are
-`edge_demo.contract.arrays`'s; these add what only the run knows: its model
+`bundle_contract.arrays`'s; these add what only the run knows: its model
 configuration (classes, input shape and dtype, vocabulary size, heads).
 """
 
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract import arrays
-from edge_demo.contract.fields import parse_json
-from edge_demo.contract.lists import parse_labels
-from edge_demo.errors import UsageError, one_line
+from bundle_contract import arrays
+from bundle_contract.errors import UsageError, one_line
+from bundle_contract.fields import parse_json
+from bundle_contract.lists import parse_labels
 
 if TYPE_CHECKING:
     import keras
@@ -63,7 +63,7 @@ class EvalSet:
 def check_eval(ev: EvalSet, where: str | os.PathLike = "eval.npz") -> None:
     """`probs` are probabilities for `x`'s examples, `y` labels among them.
 
-    The device's own check (`edge_demo.contract.arrays.check_eval`), plus the
+    The device's own check (`bundle_contract.arrays.check_eval`), plus the
     per-example arrays of text datasets.
     """
     arrays.check_eval(ev.x, ev.y, ev.probs, where)

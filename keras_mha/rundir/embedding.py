@@ -35,17 +35,17 @@ import shutil
 
 import numpy as np
 
-from edge_demo.contract import arrays
-from edge_demo.contract.arrays import EvalData
-from edge_demo.contract.files import staging_dir, swap_into_place
-from edge_demo.contract.lists import labels_json, pairs_json, parse_pairs, parse_texts, texts_json
-from edge_demo.contract.subwords import Subwords
-from edge_demo.contract.tasks import Task
-from edge_demo.contract.tasks import get as get_task
-from edge_demo.contract.tasks.embedding import Embedding
-from edge_demo.contract.tasks.pair_scoring import PairScoring, check_groups
-from edge_demo.contract.tasks.text_classification import TextClassification
-from edge_demo.errors import UsageError
+from bundle_contract import arrays
+from bundle_contract.arrays import EvalData
+from bundle_contract.errors import UsageError
+from bundle_contract.files import staging_dir, swap_into_place
+from bundle_contract.lists import labels_json
+from bundle_contract.subwords import Subwords
+from bundle_contract.tasks import Task
+from bundle_contract.tasks import get as get_task
+from bundle_contract.tasks.embedding import Embedding
+from bundle_contract.tasks.pair_scoring import PairScoring
+from bundle_contract.tasks.text_classification import TextClassification
 from keras_mha.rundir.writing import check_out
 
 TASK = get_task(Embedding.name)  # a sentence encoder's runs and bundles
@@ -62,9 +62,14 @@ def task_for(config) -> Task:
     return CLASSIFIER_TASK if config.labels else TASK
 
 
-def _texts_file(config) -> str:
-    """The eval inputs' file: pairs.json (a cross-encoder's) or texts.json."""
-    return "pairs.json" if config.score_activation else "texts.json"
+def _own_files(run) -> dict[str, bytes]:
+    """The run's task files by manifest name: its eval inputs (texts, pairs) and, with
+    classes, labels.json."""
+    task = run.task
+    files = {task.inputs_file.removesuffix(".json"): task.inputs_json(run.texts)}
+    if task.classes:
+        files["labels"] = labels_json(run.config.labels)
+    return files
 
 
 @dataclasses.dataclass
@@ -106,16 +111,10 @@ class EmbeddingRun:
     def bundle_files(self) -> dict[str, tuple[str, bytes]]:
         """The files a bundle of this run holds besides the models and eval.npz:
         Manifest field -> (file name, bytes)."""
-        files = {
+        return {
             "tokenizer": ("tokenizer.json", (self.path / "tokenizer.json").read_bytes()),
+            **{name: (name + ".json", data) for name, data in _own_files(self).items()},
         }
-        if self.config.score_activation:
-            files["pairs"] = ("pairs.json", pairs_json(self.texts))
-        else:
-            files["texts"] = ("texts.json", texts_json(self.texts))
-        if self.config.labels:
-            files["labels"] = ("labels.json", labels_json(self.config.labels))
-        return files
 
     @property
     def model_file(self) -> pathlib.Path:
@@ -201,14 +200,9 @@ def _check(
             raise UsageError(f"x must be token ids (N, T <= {max_length})", where)
         if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
             raise UsageError(f"x has ids outside 0..{config.vocab_size - 1}", where)
-    name = _texts_file(config)
-    if config.score_activation:
-        data = pairs_json(texts) if isinstance(texts, (list, tuple)) else texts
-        texts = parse_pairs(data, len(x), run / name)
-        check_groups(texts, run / name)
-    else:
-        data = texts_json(texts) if isinstance(texts, (list, tuple)) else texts
-        texts = parse_texts(data, len(x), run / name)
+    name = task.inputs_file
+    data = task.inputs_json(texts) if isinstance(texts, (list, tuple)) else texts
+    texts = task.parse_inputs(data, len(x), run / name)
     tokenizer = Subwords.from_bytes(
         tokenizer_bytes, max_length, run / "tokenizer.json", config.pad_token_id
     )
@@ -232,18 +226,20 @@ def read_embedding_run(path: str | os.PathLike) -> EmbeddingRun:
     except (OSError, ValueError) as error:
         raise UsageError(f"cannot read it ({error})", run) from None
     config = _config(run, metrics)
-    name = _texts_file(config)
+    task = task_for(config)
+    name = task.inputs_file
     if not (run / name).is_file():
         raise UsageError("missing; expected a run from keras-mha-import", run / name)
     try:
         texts = (run / name).read_bytes()
     except OSError as error:
         raise UsageError(f"cannot read it ({error})", run / name) from None
-    output = task_for(config).output
-    labels = ("y",) if config.labels else ()  # a fine-tuned classifier's held-out labels
-    ev = arrays.read_npz(run / "eval.npz", ("x", output), optional=labels)
+    labels = ("y",) if task.classes else ()  # a fine-tuned classifier's held-out labels
+    ev = arrays.read_npz(run / "eval.npz", ("x", task.output), optional=labels)
     calibration = arrays.read_npz(run / "calibration.npz", ("x",))["x"]
-    return _check(run, metrics, ev["x"], ev[output], calibration, texts, tokenizer, ev.get("y"))
+    return _check(
+        run, metrics, ev["x"], ev[task.output], calibration, texts, tokenizer, ev.get("y")
+    )
 
 
 def write_embedding_run(
@@ -280,13 +276,9 @@ def write_embedding_run(
             **labels,
         )
         np.savez(staging / "calibration.npz", x=calibration.astype(np.int32))
-        if run.config.score_activation:
-            (staging / "pairs.json").write_bytes(pairs_json(run.texts))
-        else:
-            (staging / "texts.json").write_bytes(texts_json(run.texts))
         (staging / "tokenizer.json").write_bytes(tokenizer_bytes)
-        if run.config.labels:
-            (staging / "labels.json").write_bytes(labels_json(run.config.labels))
+        for name, data in _own_files(run).items():
+            (staging / f"{name}.json").write_bytes(data)
         for name, data in (extra or {}).items():
             (staging / name).write_bytes(data)
         swap_into_place(staging, out)

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract import arrays
-from edge_demo.contract.arrays import EvalData
-from edge_demo.contract.lists import labels_json
-from edge_demo.contract.tasks import get as get_task
-from edge_demo.contract.tasks.classification import Classification
-from edge_demo.contract.vocab import Vocab
-from edge_demo.errors import UsageError, one_line
+from bundle_contract import arrays
+from bundle_contract.arrays import EvalData
+from bundle_contract.errors import UsageError, one_line
+from bundle_contract.lists import labels_json
+from bundle_contract.tasks import get as get_task
+from bundle_contract.tasks.classification import Classification
+from bundle_contract.vocab import Vocab
 from keras_mha.rundir.checks import (
     EvalSet,
     check_eval,

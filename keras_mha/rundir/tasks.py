@@ -1,6 +1,6 @@
 """A run directory's task (metrics.json's `task`) and the reader of each task's runs.
 
-The task objects are the bundle contract's (`edge_demo.contract.tasks`): a
+The task objects are the bundle contract's (`bundle_contract.tasks`): a
 run of a task exports to a bundle of that task. `READERS` is the library's
 one table by task name: what reads a run of each task. A run reader's
 object gives export what it bundles, the same for every task: `task`,
@@ -14,8 +14,8 @@ import json
 import os
 import pathlib
 
-from edge_demo.contract.tasks import TASKS, Task, get
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.tasks import TASKS, Task, get
 
 # task name -> "module:function" reading a run directory of that task
 READERS = {

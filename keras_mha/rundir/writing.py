@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.contract.files import staging_dir, swap_into_place
-from edge_demo.errors import UsageError, one_line
+from bundle_contract.errors import UsageError, one_line
+from bundle_contract.files import staging_dir, swap_into_place
 from keras_mha.rundir.checks import EvalSet, check_model, model_config
 from keras_mha.rundir.reading import Run, validate
 

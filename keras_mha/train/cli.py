@@ -25,9 +25,9 @@ import argparse
 import pathlib
 import sys
 
-from edge_demo.contract.files import check_writable
-from edge_demo.errors import Parser, nonnegative_int, positive_int, run_main
-from keras_mha.quiet import import_tensorflow
+from bundle_contract.errors import Parser, nonnegative_int, positive_int, run_main
+from bundle_contract.files import check_writable
+from keras_mha.quiet_tensorflow import import_tensorflow
 from keras_mha.train.presets import DISTRIBUTE, describe_presets
 
 PROG = "keras-mha-train"
@@ -141,7 +141,7 @@ SCRATCH_ONLY = (
 
 
 def _finetune(args: argparse.Namespace) -> int:
-    from edge_demo.errors import UsageError
+    from bundle_contract.errors import UsageError
     from keras_mha.train import finetune
 
     if args.data is None:
@@ -182,14 +182,14 @@ def _finetune(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.source is not None or args.data is not None:
         if args.source is None:
-            from edge_demo.errors import UsageError
+            from bundle_contract.errors import UsageError
 
             raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
         return _finetune(args)
     args.dataset = args.dataset or "digits"
     out = args.out or pathlib.Path(f"runs/{args.dataset}")
     check_writable(out, "--out")
-    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet.py)
+    import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet_tensorflow.py)
     from keras_mha.train.pipeline import train
 
     metrics = train(

@@ -32,8 +32,8 @@ import time
 
 import numpy as np
 
-from edge_demo.contract.files import read_utf8
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
+from bundle_contract.files import read_utf8
 
 TEXT_COLUMN, LABEL_COLUMN = "text", "label"
 TEST_FRACTION = 0.2

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_demo.errors import UsageError, one_line
+from bundle_contract.errors import UsageError, one_line
 from keras_mha.train.augment import shift_augment
 from keras_mha.train.determinism import op_determinism
 from keras_mha.train.presets import TrainSettings  # noqa: TC001

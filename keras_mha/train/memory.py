@@ -13,7 +13,7 @@ import os
 import pathlib
 from typing import TYPE_CHECKING
 
-from edge_demo.errors import UsageError
+from bundle_contract.errors import UsageError
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig

@@ -46,7 +46,7 @@ def train(
         deterministic: Enable TensorFlow's op determinism for the run, so
             the same seed on the same machine gives the same metrics.
         qat_epochs: Then fine-tune this many epochs with int8's rounding
-            in the loop (keras_mha.qat_train.fine_tune_classifier): the run
+            in the loop (keras_mha.qat.train.fine_tune_classifier): the run
             gets ranges.json, which the int8 export takes.
         **model_options: `ModelConfig` fields (d_model, num_heads,
             num_layers, ff_dim, dropout, positional, ...).
@@ -59,7 +59,7 @@ def train(
             memory, an unwritable `out`), before any training starts.
     """
     from keras_mha.qat import ranges_json
-    from keras_mha.qat_train import fine_tune_classifier
+    from keras_mha.qat.train import fine_tune_classifier
     from keras_mha.train.fit import fit
 
     config, settings = resolve_settings(

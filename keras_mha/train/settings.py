@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from edge_demo.errors import UsageError, one_line
+from bundle_contract.errors import UsageError, one_line
 from keras_mha import data as datasets
 from keras_mha.train.presets import DISTRIBUTE, PRESETS, TrainSettings, dataset_shape
 

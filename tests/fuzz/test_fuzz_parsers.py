@@ -23,12 +23,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from edge_demo.contract.arrays import read_npz  # noqa: E402
-from edge_demo.contract.fields import Fields, parse_json  # noqa: E402
-from edge_demo.contract.manifest import Manifest  # noqa: E402
-from edge_demo.contract.tensors import TensorSpec  # noqa: E402
-from edge_demo.contract.vocab import Vocab  # noqa: E402
-from edge_demo.errors import UsageError  # noqa: E402
+from bundle_contract.arrays import read_npz  # noqa: E402
+from bundle_contract.errors import UsageError  # noqa: E402
+from bundle_contract.fields import Fields, parse_json  # noqa: E402
+from bundle_contract.manifest import Manifest  # noqa: E402
+from bundle_contract.tensors import TensorSpec  # noqa: E402
+from bundle_contract.vocab import Vocab  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from mutations import HOSTILE_VALUES, json_paths  # noqa: E402
