@@ -34,6 +34,8 @@ import warnings as _warnings
 __version__ = "0.3.0"
 
 _LAZY = {
+    "GroupQueryAttention": "keras_mha.attention",
+    "GroupedQueryAttention": "keras_mha.attention",
     "MultiHeadAttention": "keras_mha.attention",
     "LayerNorm": "keras_mha.layers",
     "MaskedMeanPooling": "keras_mha.layers",

@@ -32,6 +32,10 @@ LINES = [
     ("  of which tflite-runtime 2.14", MAIN, "tflite-runtime"),
     ("  of which TFLite Micro", MAIN, "tflite-micro"),
     *((f"keras suite, {b}", f"keras-suite-{b}.xml", None) for b in ("tensorflow", "jax", "torch")),
+    *(
+        (f"keras GQA suite, {b}", f"keras-GQA-suite-{b}.xml", None)
+        for b in ("tensorflow", "jax", "torch")
+    ),
     *((f"layer tests, {b}", f"layer-tests-{b}.xml", None) for b in ("jax", "torch")),
     *(
         (f"keras-hub suite, {b}", f"keras-hub-suite-{b}.xml", None)

@@ -284,7 +284,7 @@ def test_keras_hub_suite_needs_its_swap_test(tmp_path):
 def test_the_minimums_are_far_above_nothing():
     for suite, backends in run.MIN_PASSED.items():
         assert set(backends) == set(run.VENVS), suite  # every suite on every backend
-        assert min(backends.values()) >= 40, suite
+        assert min(backends.values()) >= 25, suite  # Keras's GQA file has 29 to 31
 
 
 # --- strict runs: a missing environment fails ----------------------------------------

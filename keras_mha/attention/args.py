@@ -34,9 +34,22 @@ def check_positive_int(name: str, value, allow_none: bool = False) -> None:
 
 
 def check_constructor_args(
-    *, num_heads, key_dim, value_dim, dropout, implementation, sliding_window
+    *,
+    num_heads,
+    key_dim,
+    value_dim,
+    dropout,
+    implementation,
+    sliding_window,
+    num_key_value_heads=None,
 ) -> None:
     check_positive_int("num_heads", num_heads)
+    check_positive_int("num_key_value_heads", num_key_value_heads, allow_none=True)
+    if num_key_value_heads is not None and num_heads % num_key_value_heads:
+        raise ValueError(
+            "`num_query_heads` must be divisible by `num_key_value_heads`. Received: "
+            f"num_heads={num_heads}, num_key_value_heads={num_key_value_heads}"
+        )
     check_positive_int("key_dim", key_dim, allow_none=True)
     check_positive_int("value_dim", value_dim, allow_none=True)
     if (

@@ -47,6 +47,7 @@ from .masks import (
     InputMasks,
     causal_mask,
     check_input_masks,
+    get_keras_mask,
     head_mask_tensor,
     inverse_sqrt,
     is_weight_mask,
@@ -94,6 +95,8 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
     Reference: Vaswani et al., "Attention Is All You Need", 2017, section 3.2.
     """
 
+    _keeps_input_masks = False  # see `call`
+
     # ------------------------------------------------------------ constructor
     def __init__(
         self,
@@ -116,6 +119,7 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         use_gate: bool = False,
         seed: int | None = None,
         implementation: str = "fused",
+        num_key_value_heads: int | None = None,
         **kwargs,
     ):
         check_constructor_args(
@@ -125,10 +129,16 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
             dropout=dropout,
             implementation=implementation,
             sliding_window=sliding_window,
+            num_key_value_heads=num_key_value_heads,
         )
         super().__init__(**kwargs)
         self.supports_masking = True
         self.num_heads = int(num_heads)
+        # Grouped-query attention: h_kv key/value heads, each shared by a group of
+        # h / h_kv query heads (h_kv = h: every head its own; h_kv = 1: multi-query).
+        self.num_key_value_heads = (
+            self.num_heads if num_key_value_heads is None else int(num_key_value_heads)
+        )
         self.key_dim = None if key_dim is None else int(key_dim)
         self.value_dim = None if value_dim is None else int(value_dim)
         self.dropout = float(dropout)
@@ -169,6 +179,11 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         return self._use_gate
 
     @property
+    def group_size(self) -> int:
+        """Query heads per key/value head: head i reads key/value head i // group_size."""
+        return self.num_heads // self.num_key_value_heads
+
+    @property
     def sliding_window(self) -> int | None:
         return self._sliding_window
 
@@ -183,22 +198,23 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         self._d_out = self._output_shape or (d_model,)
         self._d_key_in = int(key_shape[-1])
         self._d_value_in = int(value_shape[-1])
-        h = self.num_heads
-        # Head i owns kernel[:, i, :] of every input projection.
+        h, h_kv = self.num_heads, self.num_key_value_heads
+        # Query head i owns kernel[:, i, :] of the query (and gate) projection;
+        # key/value head g owns kernel[:, g, :] of the key and value projections.
         inputs = {
-            "query": (query_shape, d_k),
-            "key": (key_shape, d_k),
-            "gate": (query_shape, d_v),
-            "value": (value_shape, d_v),
+            "query": (query_shape, h, d_k),
+            "key": (key_shape, h_kv, d_k),
+            "gate": (query_shape, h, d_v),
+            "value": (value_shape, h_kv, d_v),
         }
         equation, bias_axes, _ = projection_equation(rank - 1, 1, 2)
         for attr, name in PROJECTIONS[:-1]:
             if name == "gate" and not self._use_gate:
                 continue
-            shape, size = inputs[name]
+            shape, heads, size = inputs[name]
             dense = keras.layers.EinsumDense(
                 equation,
-                output_shape=[None] * (rank - 2) + [h, size],
+                output_shape=[None] * (rank - 2) + [heads, size],
                 bias_axes=bias_axes if self.use_bias else None,
                 activation="sigmoid" if name == "gate" else None,
                 name=name,
@@ -262,20 +278,28 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         )
         # As Keras's layer does: the masks are used here, so the projections
         # are not handed masked tensors (they would warn that they drop them).
-        for x in (query, value, key):
+        # Keras's MultiHeadAttention leaves the caller's tensors without them, its
+        # GroupedQueryAttention does not touch them (`_keeps_input_masks`).
+        carried = [(x, get_keras_mask(x)) for x in (query, value, key)]
+        for x, _ in carried:
             set_keras_mask(x, None)
         sink = attention_sink(self)
-        output, scores = self._attend(
-            query=query,
-            value=value,
-            key=key,
-            masks=masks,
-            attention_mask=attention_mask,
-            use_causal_mask=use_causal_mask,
-            head_mask=head_mask,
-            training=training,
-            return_attention_scores=return_attention_scores or sink is not None,
-        )
+        try:
+            output, scores = self._attend(
+                query=query,
+                value=value,
+                key=key,
+                masks=masks,
+                attention_mask=attention_mask,
+                use_causal_mask=use_causal_mask,
+                head_mask=head_mask,
+                training=training,
+                return_attention_scores=return_attention_scores or sink is not None,
+            )
+        finally:
+            for x, mask in carried if self._keeps_input_masks else ():
+                if mask is not None:
+                    set_keras_mask(x, mask)
         if sink is not None:  # recorded for the attention signature
             sink.append((self, scores))
         if return_attention_scores:
@@ -359,12 +383,17 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         query [B, T, d_model], key [B, S, d_key], value [B, S, d_value];
         mask: boolean [B|1, h|1, T|1, S|1] or None; head_mask: [B|1, h] or None.
         `point(self, name, x, i)`: x, or as int8 holds it (keras_mha.qat), point `name_i`.
+        GQA: head i reads key/value head g = i // group_size, projected once per group.
         """
-        heads, weights = [], []
+        heads, weights, shared = [], [], {}
         for i in range(self.num_heads):
             q_i = self._head_projection(self.query_dense, query, i)  # (1) Q W_i^Q  [B, T, d_k]
-            k_i = self._head_projection(self.key_dense, key, i)  # (1) K W_i^K  [B, S, d_k]
-            v_i = self._head_projection(self.value_dense, value, i)  # (1) V W_i^V  [B, S, d_v]
+            g = i // self.group_size  # the key/value head of head i's group (g = i without GQA)
+            if g not in shared:
+                k_g = self._head_projection(self.key_dense, key, g)  # (1) K W_g^K  [B, S, d_k]
+                v_g = self._head_projection(self.value_dense, value, g)  # (1) V W_g^V  [B, S, d_v]
+                shared[g] = k_g, v_g
+            k_i, v_i = shared[g]
             head_i, weights_i = self._scaled_dot_product_attention(
                 q_i, k_i, v_i, mask=mask_for_head(mask, i), training=training, head=i
             )  # (2) softmax(q_i k_i^T / sqrt(d_k)) v_i  [B, T, d_v], [B, T, S]
@@ -459,8 +488,11 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
             )
         gate = self._gate_dense(query) if self._use_gate else None  # sigmoid  [B, T, h, d_v]
         q = point(self, "query", self._query_dense(query))  # [B, T, h, d_k]
-        k = point(self, "key", self._key_dense(key))  # [B, S, h, d_k]
-        v = point(self, "value", self._value_dense(value))  # [B, S, h, d_v]
+        k = point(self, "key", self._key_dense(key))  # [B, S, h_kv, d_k]
+        v = point(self, "value", self._value_dense(value))  # [B, S, h_kv, d_v]
+        if self.group_size > 1:  # GQA: each key/value head serves its group of query heads
+            k = ops.repeat(k, self.group_size, axis=-2)  # [B, S, h, d_k]
+            v = ops.repeat(v, self.group_size, axis=-2)  # [B, S, h, d_v]
         options = {}
         if self._compute_attention_takes_scores_flag:
             options["return_attention_scores"] = return_attention_scores
@@ -678,6 +710,8 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
             "seed": self.seed,
             "implementation": self.implementation,
         }
+        if self.group_size > 1:  # written only when grouped: files of plain MHA as before
+            config["num_key_value_heads"] = self.num_key_value_heads
         return {**base_config, **config}
 
     @classmethod

@@ -142,8 +142,9 @@ def head_weights(layer, i: int) -> dict[str, np.ndarray]:
     out = {}
     for attr, name in PROJECTIONS[:-1]:
         dense = getattr(layer, attr)
-        if dense is not None:
-            out[f"{name}_kernel"], out[f"{name}_bias"] = head_slice(dense, i, what="head_weights")
+        if dense is not None:  # key and value: the key/value head of head i's group
+            index = i // layer.group_size if name in ("key", "value") else i
+            out[f"{name}_kernel"], out[f"{name}_bias"] = head_slice(dense, index, "head_weights")
     out["output_kernel"] = float_kernel(layer.output_dense, "head_weights")[i]
     return out
 
@@ -151,6 +152,12 @@ def head_weights(layer, i: int) -> dict[str, np.ndarray]:
 def pruned(layer, keep_heads):
     """`layer.pruned(keep_heads)`: a new, built layer with only those heads."""
     require_built(layer, "pruned")
+    if layer.group_size > 1:
+        raise ValueError(
+            "`pruned` removes heads of multi-head attention; this layer groups its "
+            f"{layer.num_heads} query heads over {layer.num_key_value_heads} key/value heads "
+            "(prune it with head_mask instead)"
+        )
     keep = sorted_heads(keep_heads, num_heads=layer.num_heads)
     config = layer.get_config()
     config.update(
@@ -198,6 +205,11 @@ def from_keras(cls, layer, implementation: str):
 def to_keras(layer) -> keras.layers.MultiHeadAttention:
     """`layer.to_keras()`: the equivalent built `keras.layers.MultiHeadAttention`."""
     require_built(layer, "to_keras")
+    if layer.group_size > 1:
+        raise ValueError(
+            "`to_keras` makes a keras.layers.MultiHeadAttention; this layer groups its "
+            f"query heads over {layer.num_key_value_heads} key/value heads"
+        )
     config = layer.get_config()
     for ours_only in ("implementation", "flash_attention"):
         config.pop(ours_only)

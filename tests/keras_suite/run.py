@@ -37,6 +37,9 @@ from summary import cases, counts, outcome  # noqa: E402
 
 VENVS = {"tensorflow": ".venv", "jax": ".venv-jax", "torch": ".venv-torch"}
 KERAS_SUITE = ["tests/keras_suite/keras_suite.py"]
+# Keras's tests of GroupedQueryAttention, on keras_mha.GroupedQueryAttention.
+GQA_SUITE = ["tests/keras_suite/gqa_suite.py"]
+GQA_SWAP_TEST = "test_the_grouped_class_under_test_is_keras_mha"  # gqa_suite.py
 # keras-hub's tests of the layers and models built on MultiHeadAttention
 # (tests/keras_hub_suite/README.md). keras-hub's test helpers import
 # TensorFlow, which the JAX and PyTorch venvs have none of by design (they
@@ -63,9 +66,11 @@ SWAP_TEST = "test_the_class_under_test_is_keras_mha"  # keras_suite.py: the clas
 # TensorFlow, 61 on JAX, 60 on PyTorch (keras-hub 0.32.0, AMD EPYC, 2026-12). A few below, so a Keras
 # release that drops or renames a test or two does not fail the run; far above
 # 0, so a suite that silently collects or skips some of its tests does. Raise
-# them with the counts.
+# them with the counts. Keras's GroupedQueryAttention file: 29 on TensorFlow (its
+# 2 flash tests skip there), 31 on JAX and PyTorch, the swap check included (AMD EPYC).
 MIN_PASSED = {
     "keras suite": {"tensorflow": 45, "jax": 47, "torch": 47},
+    "keras GQA suite": {"tensorflow": 26, "jax": 28, "torch": 28},
     "keras-hub suite": {"tensorflow": 55, "jax": 55, "torch": 55},
     "layer tests": {"tensorflow": 205, "jax": 205, "torch": 205},
 }
@@ -171,6 +176,8 @@ def judge(name: str, backend: str, found) -> str:
     passed = {c.get("name") for c in found if outcome(c) == "passed"}
     if name == "keras suite" and SWAP_TEST not in passed:
         return f"Keras's tests may not have built our class: {SWAP_TEST} did not pass"
+    if name == "keras GQA suite" and GQA_SWAP_TEST not in passed:
+        return f"Keras's GQA tests may not have built our class: {GQA_SWAP_TEST} did not pass"
     if name == "keras-hub suite" and HUB_SWAP_TEST not in passed:
         return f"keras-hub's tests may not have built our class: {HUB_SWAP_TEST} did not pass"
     return ""
@@ -196,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     lines = []
     for backend in args.backends:
-        suites = [("keras suite", KERAS_SUITE), ("keras-hub suite", KERAS_HUB_SUITE)]
+        suites = [
+            ("keras suite", KERAS_SUITE),
+            ("keras GQA suite", GQA_SUITE),
+            ("keras-hub suite", KERAS_HUB_SUITE),
+        ]
         if backend != "tensorflow" or args.layer_tests_on_tensorflow:
             suites.append(("layer tests", LAYER_TESTS))
         python, why = _python(backend, venvs)
