@@ -60,7 +60,6 @@ class Task:
     labelled: ClassVar[bool]
     classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
-    pairs: ClassVar[bool] = False  # an input is a (query, passage) pair (pairs.json)
     # The device's commands for one input besides the parity run: its flag -> what
     # the app does (edge_demo/app/cli.py `ACTIONS`: "predict", "search", "embed",
     # "score", "rank"). The app takes no other flag for a bundle of this task.

@@ -61,7 +61,6 @@ class PairScoring(Task):
     output = "scores"
     labelled = False
     classes = False
-    pairs = True
     commands = {"--sample": "score", "--pair": "score", "--rerank": "rank"}
     fidelity = ("top1", "top5", "max_abs_diff", "mean_abs_diff")
     inputs_file = "pairs.json"
