@@ -52,3 +52,16 @@ def venv_python(path, how: str):
     if skipped.is_file():
         missing(f"{path} ({skipped.read_text().strip()})")
     missing(f"{path} ({how})")
+
+
+# Tests, not timings: a JAX child compiles each new function with XLA's cheapest
+# code generation (tests/keras_suite/run.py does the same for the JAX suites).
+JAX_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def backend_env(backend: str, **extra: str) -> dict[str, str]:
+    """os.environ for a child process running Keras on `backend` (its venv's python)."""
+    env = {**os.environ, "KERAS_BACKEND": backend, **extra}
+    if backend == "jax":
+        env.setdefault("XLA_FLAGS", JAX_TEST_XLA_FLAGS)
+    return env

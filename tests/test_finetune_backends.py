@@ -10,13 +10,12 @@ to seconds a backend; the real encoder's fine-tuning is tests/test_finetune.py's
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
 
 from keras_mha.examples import topic_rows, write_csv
-from tests.environment import missing
+from tests.environment import backend_env, missing
 from tests.test_pretrained import REPO, tiny  # noqa: F401  (the module fixture)
 
 pytestmark = pytest.mark.slow  # children in the JAX and torch venvs train models
@@ -45,7 +44,7 @@ def test_fine_tuning_runs_on_this_backend_and_exports_on_tensorflow(
         missing(f"{python} (make backend-venvs)")
     write_csv(tmp_path / "topics.csv", topic_rows())
     run = tmp_path / "run"
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
+    env = backend_env(backend, PYTHONPATH=str(REPO))
     done = subprocess.run(
         [
             str(python), "-m", "keras_mha.train", "--from", str(tiny["dir"]),

@@ -10,7 +10,6 @@ tests/test_pretrained_minilm.py.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import sys
 
 import numpy as np
 import pytest
+from environment import backend_env
 
 from keras_mha.pretrained import corpus
 from tests.environment import missing
@@ -94,7 +94,7 @@ def backend_diffs(backend, model_dir, ref_path, out, layers: int, max_length: in
     python = REPO / f".venv-{backend}" / "bin" / "python"
     if not python.exists():
         missing(f"{python} (make backend-venvs)")
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": str(REPO)}
+    env = backend_env(backend, PYTHONPATH=str(REPO))
     script = _BACKEND_SCRIPT.replace("max_length=64", f"max_length={max_length}")
     done = subprocess.run(
         [str(python), "-c", script, str(model_dir), str(ref_path), str(out)],
