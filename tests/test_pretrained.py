@@ -17,10 +17,9 @@ import sys
 
 import numpy as np
 import pytest
-from environment import backend_env
 
 from keras_mha.pretrained import corpus
-from tests.environment import missing
+from tests.environment import backend_env, missing
 from tests.test_pretrained_oracle import oracle, torch_python
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
