@@ -20,6 +20,7 @@ import pytest
 
 from keras_mha.pretrained import corpus
 from tests.environment import backend_env, missing
+from tests.oracle import serving
 from tests.test_pretrained_oracle import oracle, torch_python
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -73,32 +74,18 @@ def test_encoder_matches_transformers_on_tensorflow(tiny):
     assert np.abs(vectors - tiny["ref"]["embeddings"]).max() <= TOLERANCE
 
 
-_BACKEND_SCRIPT = r"""
-import json, sys
-import numpy as np
-from keras_mha.pretrained import load
-encoder = load(sys.argv[1], max_length=64)
-ref = dict(np.load(sys.argv[2]))
-ids = ref["input_ids"]
-vectors = encoder.embed_ids(ids)
-attention = encoder.attention(ids)
-np.savez(sys.argv[3], vectors=vectors, **{f"a{i}": a for i, a in enumerate(attention)})
-import keras
-print(json.dumps({"backend": keras.backend.backend()}))
-"""
+BACKEND_OUTPUTS = REPO / "tests" / "oracle" / "backend_outputs.py"
 
 
 def backend_diffs(backend, model_dir, ref_path, out, layers: int, max_length: int) -> dict:
-    """Load the checkpoint on `backend` (its venv, a child process) and compare with `ref_path`."""
+    """Load the checkpoint on `backend` (its venv: one served child per test
+    process, tests/oracle/serving.py) and compare with `ref_path`."""
     python = REPO / f".venv-{backend}" / "bin" / "python"
     if not python.exists():
         missing(f"{python} (make backend-venvs)")
     env = backend_env(backend, PYTHONPATH=str(REPO))
-    script = _BACKEND_SCRIPT.replace("max_length=64", f"max_length={max_length}")
-    done = subprocess.run(
-        [str(python), "-c", script, str(model_dir), str(ref_path), str(out)],
-        capture_output=True, text=True, env=env, timeout=900, check=False,
-    )  # fmt: skip
+    argv = [model_dir, ref_path, out, "--max-length", max_length]
+    done = serving.ask(python, BACKEND_OUTPUTS, argv, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"backend": backend}
     with np.load(out) as z, np.load(ref_path) as ref:

@@ -13,19 +13,17 @@ are imported once, not twice per model.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import pathlib
-import select
 import subprocess
-import tempfile
 
 import numpy as np
 import pytest
 from environment import missing
 
 from keras_mha.pretrained import corpus
+from tests.oracle import serving
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 ORACLE = REPO / "tests" / "oracle" / "bert_oracle.py"
@@ -46,64 +44,11 @@ def torch_python() -> pathlib.Path:
     return path
 
 
-# One `bert_oracle.py serve` process per interpreter for this test process: torch
-# and transformers are imported once, not once per command (about 8 s each).
-_SERVERS: dict[str, subprocess.Popen] = {}
-ORACLE_TIMEOUT = 300  # s: a hang guard for one command, not a speed limit
-
-
-def _server(python) -> subprocess.Popen:
-    server = _SERVERS.get(str(python))
-    if server is None or server.poll() is not None:
-        log = tempfile.TemporaryFile(mode="w+")  # what torch prints past Python's streams
-        server = subprocess.Popen(
-            [str(python), str(ORACLE), "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-        )
-        server.log = log
-        _SERVERS[str(python)] = server
-    return server
-
-
-@atexit.register
-def _stop_servers() -> None:
-    for server in _SERVERS.values():
-        if server.poll() is None:
-            server.stdin.close()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-
-
 def oracle(python, *argv, check=True) -> subprocess.CompletedProcess:
     """`python tests/oracle/bert_oracle.py ARGV...`, answered by the oracle's server
-    (the same code, exit status and output as a process of its own)."""
-    argv = [str(a) for a in argv]
-    server = _server(python)
-    try:
-        server.stdin.write(json.dumps(argv) + "\n")
-        server.stdin.flush()
-        ready, _, _ = select.select([server.stdout], [], [], ORACLE_TIMEOUT)
-        line = server.stdout.readline() if ready else ""
-    except BrokenPipeError:
-        line = ""
-    if line:
-        reply = json.loads(line)
-    else:  # it died or hung: what it printed, and a new one for the next command
-        server.kill()
-        server.wait()
-        server.log.seek(0)
-        why = f"no answer in {ORACLE_TIMEOUT} s" if server.returncode == -9 else "it died"
-        reply = {"returncode": server.returncode or 1, "stdout": "",
-                 "stderr": f"bert_oracle.py serve: {why}\n{server.log.read()[-3000:]}"}  # fmt: skip
-        _SERVERS.pop(str(python), None)
-    done = subprocess.CompletedProcess(
-        [str(python), str(ORACLE), *argv], reply["returncode"], reply["stdout"], reply["stderr"]
-    )
+    (tests/oracle/serving.py: the same code, exit status and output as a process of
+    its own; torch and transformers imported once per test process)."""
+    done = serving.ask(python, ORACLE, argv)
     if check:
         assert done.returncode == 0, done.stderr[-3000:]
     return done

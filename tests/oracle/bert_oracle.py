@@ -983,34 +983,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve() -> int:
-    """`bert_oracle.py serve`: many commands in one process, so that torch and
-    transformers are imported once (about 8 s each time on 2 cores).
+    """`bert_oracle.py serve`: many commands in one process (tests/oracle/serving.py),
+    so that torch and transformers are imported once (about 8 s each time on 2
+    cores). Each command seeds what it uses (setup_torch, --seed)."""
+    import serving  # beside this file: the script's folder is on sys.path
 
-    Reads one command a line on stdin, a JSON list of the arguments `main` takes,
-    and answers each with one JSON line on stdout: {"returncode", "stdout",
-    "stderr"}, what the command would have exited with and printed. Each command
-    seeds what it uses (setup_torch, --seed), so its files are the ones a process
-    of its own writes. Ends at the end of stdin.
-    """
-    import contextlib
-    import io
-    import traceback
-
-    answer = sys.stdout
-    for line in sys.stdin:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main(json.loads(line))
-            except SystemExit as stop:  # argparse's --help
-                code = stop.code if isinstance(stop.code, int) else 1
-            except Exception:  # what a process of its own would show and exit 1 on
-                traceback.print_exc()
-                code = 1
-        reply = {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}
-        answer.write(json.dumps(reply) + "\n")
-        answer.flush()
-    return 0
+    return serving.serve(main)
 
 
 if __name__ == "__main__":
