@@ -16,9 +16,16 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# A shell without job control starts its background commands with SIGINT ignored
+# (`.ci/run &` from a script), and an ignored signal stays ignored across exec: the
+# children that the Ctrl-C tests interrupt would never see it. A handler is not
+# inherited (exec resets it to the default), so Python's own comes back in them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest
 from environment import missing
