@@ -78,6 +78,7 @@ def _stop_servers() -> None:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
+        server.stdout.close()
         server.log.close()
 
 
@@ -98,6 +99,9 @@ def ask(python, script, argv, env=None) -> subprocess.CompletedProcess:
     else:  # it died or hung: what it printed, and a new one for the next command
         server.kill()
         server.wait()
+        for stream in (server.stdin, server.stdout):
+            with contextlib.suppress(OSError):  # a broken pipe's unflushed write
+                stream.close()
         server.log.seek(0)
         why = f"no answer in {TIMEOUT} s" if server.returncode == -9 else "it died"
         name = getattr(script, "name", script)
