@@ -80,15 +80,32 @@ class Encoder:
         return [ops.convert_to_numpy(a) for a in weights]
 
 
+def is_llama_folder(source) -> bool:
+    """Whether `source` is a folder whose config.json names a Llama decoder."""
+    import json
+
+    path = pathlib.Path(source) / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "llama"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load(
     source: str | pathlib.Path = "all-MiniLM-L6-v2", max_length: int = DEFAULT_MAX_LENGTH
 ) -> Encoder:
     """A pretrained encoder from a known name or a checkpoint directory (never downloaded).
+    A Llama folder (config.json's model_type "llama") gives a
+    `keras_mha.decoder.LanguageModel` instead: `.generate(prompt, max_new_tokens)`.
 
     Raises `bundle_contract.errors.UsageError` (a ValueError), one line, for a
     missing file, a checksum mismatch or a configuration the encoder cannot
     honour.
     """
+    if is_llama_folder(source):  # a language model: keras_mha.decoder
+        from keras_mha import decoder
+
+        return decoder.load(source)
     checkpoint = resolve(str(source))
     config = checkpoint.config
     if max_length > config.max_length:
