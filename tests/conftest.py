@@ -48,6 +48,7 @@ SLOW_FIXTURES = {
     "converted",  # test_export_view_signature: converts every mode, twice
     "tiny_bundle",  # test_pretrained: keras-mha-import + export of the tiny BERT
     "encoder",  # test_debug: the tiny BERT exported in float32 and int8
+    "tiny_llama",  # test_decoder: transformers builds a Llama and generates with it
 }
 
 
