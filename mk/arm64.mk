@@ -49,7 +49,7 @@ arm64-prepare: arm64-rootfs arm64-bundles
 
 # encoder: all-MiniLM-L6-v2 (keras-mha-import), dynamic range only (the float
 # modes take minutes per CPU under emulation; they are gated on x86-64 by make test).
-# 100 eval sentences, not the corpus's 389 (--calibration 389 keeps the rest for
+# 100 eval sentences, not the default 389 of the corpus's 489 (--calibration 389 keeps the rest for
 # calibration, which dynamic range does not use): each takes about 0.75 s on an
 # emulated core, and what ARM can show (its kernels' outputs against x86-64's, the
 # manifest's thresholds) 100 show as 389 do, in a quarter of the time.

@@ -77,13 +77,16 @@ def compare(outputs: dict, ref: dict, count: int) -> dict:
 
 
 def our_outputs(model, ref: dict, count: int) -> dict:
+    from keras_mha.decoder.generate import greedy
+
     outputs = {}
     for n in range(count):
         ids = ref[f"ids_{n}"]
         logits, scores = model.logits(ids[None], return_attention_scores=True)
         outputs[f"logits_{n}"] = logits[0]
         outputs.update({f"attention_{n}_{i}": s[0] for i, s in enumerate(scores)})
-        outputs[f"generated_{n}"] = model.generate_ids(ids, NEW_TOKENS).new_ids
+        # no stop at EOS: the oracle's generate(min_new_tokens=16) never ends early
+        outputs[f"generated_{n}"] = greedy(model.model, ids, NEW_TOKENS).new_ids
     return outputs
 
 
@@ -210,6 +213,27 @@ def test_a_prompt_longer_than_the_context_is_one_line():
         greedy(model, list(range(30)), max_new_tokens=20)
     with pytest.raises(UsageError, match="is empty"):
         greedy(model, [], max_new_tokens=2)
+    with pytest.raises(UsageError, match="must be at least 1, got -1"):
+        greedy(model, [1, 2], max_new_tokens=-1)
+    caches = model.empty_caches(1, 8)
+    with pytest.raises(UsageError, match="positions 6 to 9 do not fit a cache of 8"):
+        model.step(np.zeros((1, 4), "int32"), caches, 6)
+
+
+def test_keras_mha_import_refuses_a_llama_folder_in_one_line(tmp_path, capsys):
+    """keras-mha-import makes encoder runs: a language model's folder is refused, not
+    half-imported (keras_mha.pretrained.load is the one that takes both)."""
+    from keras_mha.pretrained.cli import main
+
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for name in ("model.safetensors", "tokenizer.json"):
+        (folder / name).write_text("{}")
+    assert main([str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "llama" in err, err
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

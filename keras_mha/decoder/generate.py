@@ -27,7 +27,6 @@ class Generation:
     prompt_ids: list[int]
     new_ids: list[int]
     gaps: list[float]
-    text: str = ""
 
 
 def greedy(model, prompt_ids, max_new_tokens: int, eos_id: int | None = None) -> Generation:
@@ -36,6 +35,8 @@ def greedy(model, prompt_ids, max_new_tokens: int, eos_id: int | None = None) ->
     context = model.decoder_config.max_position_embeddings
     if not prompt:
         raise UsageError("is empty: a prompt needs at least one token", "prompt")
+    if max_new_tokens < 1:
+        raise UsageError(f"must be at least 1, got {max_new_tokens}", "max_new_tokens")
     if len(prompt) + max_new_tokens > context:
         raise UsageError(
             f"{len(prompt)} tokens + {max_new_tokens} new exceed the model's context of "

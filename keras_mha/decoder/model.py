@@ -5,9 +5,10 @@
     h_l = a_l + SwiGLU(RMSNorm(a_l))                   layers.py
     logits = RMSNorm(h_L) E^T                          tied embeddings (or an lm_head)
 
-SmolLM2, Llama 2/3, TinyLlama and Qwen2-without-biases share this shape; the
-config says which sizes. `Decoder(ids, cache=..., cache_index=...)` is one
-forward step; generate.py runs them.
+SmolLM2, Llama 2, Llama 3.0 and TinyLlama share this shape; the config says
+which sizes. `Decoder(ids)` is a forward pass over whole sequences,
+`Decoder.step(ids, caches, index)` one step against the KV caches;
+generate.py runs the steps.
 """
 
 from __future__ import annotations
@@ -241,7 +242,14 @@ class Decoder(keras.Model):
         return [b.attention.empty_cache(batch_size, length) for b in self.blocks]
 
     def step(self, ids, caches, index):
-        """Positions index .. index + T - 1 against the caches: (logits, caches)."""
+        """Positions index .. index + T - 1 against the caches: (logits, caches).
+        UsageError if they do not fit the caches (a backend would clamp the write)."""
+        length, count = int(caches[0][0].shape[1]), int(ids.shape[1])
+        if not 0 <= index <= length - count:
+            raise UsageError(
+                f"positions {index} to {index + count - 1} do not fit a cache of {length}",
+                "cache_index",
+            )
         h = self.embedding(ids)
         updated = []
         for block, cache in zip(self.blocks, caches):

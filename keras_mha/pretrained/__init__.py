@@ -26,5 +26,7 @@ def __getattr__(name: str):
     if name in __all__:
         from keras_mha.pretrained import encoder
 
-        return getattr(encoder, name)
+        # load: an encoder, or a language model for a Llama folder (keras_mha.decoder);
+        # the tools (keras-mha-import, fine-tuning) call encoder.load, encoders only
+        return encoder.load_model if name == "load" else getattr(encoder, name)
     raise AttributeError(f"module 'keras_mha.pretrained' has no attribute {name!r}")

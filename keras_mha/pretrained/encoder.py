@@ -80,6 +80,19 @@ class Encoder:
         return [ops.convert_to_numpy(a) for a in weights]
 
 
+def load_model(
+    source: str | pathlib.Path = "all-MiniLM-L6-v2", max_length: int = DEFAULT_MAX_LENGTH
+):
+    """`keras_mha.pretrained.load`: an encoder (`load`) or, for a folder whose
+    config.json names a Llama decoder, a `keras_mha.decoder.LanguageModel`
+    (`.generate(prompt, max_new_tokens)`; `max_length` is the encoder's)."""
+    if is_llama_folder(source):
+        from keras_mha import decoder
+
+        return decoder.load(source)
+    return load(source, max_length)
+
+
 def is_llama_folder(source) -> bool:
     """Whether `source` is a folder whose config.json names a Llama decoder."""
     import json
@@ -95,8 +108,6 @@ def load(
     source: str | pathlib.Path = "all-MiniLM-L6-v2", max_length: int = DEFAULT_MAX_LENGTH
 ) -> Encoder:
     """A pretrained encoder from a known name or a checkpoint directory (never downloaded).
-    A Llama folder (config.json's model_type "llama") gives a
-    `keras_mha.decoder.LanguageModel` instead: `.generate(prompt, max_new_tokens)`.
 
     Raises `bundle_contract.errors.UsageError` (a ValueError), one line, for a
     missing file, a checksum mismatch or a configuration the encoder cannot

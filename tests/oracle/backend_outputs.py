@@ -58,6 +58,7 @@ def decoder_outputs(args) -> int:
     import numpy as np
 
     from keras_mha import decoder
+    from keras_mha.decoder.generate import greedy
 
     keras.backend.clear_session()
     model = decoder.load(args.model_dir, implementation=args.implementation)
@@ -69,7 +70,8 @@ def decoder_outputs(args) -> int:
         logits, scores = model.logits(ids[None], return_attention_scores=True)
         arrays[f"logits_{n}"] = logits[0]
         arrays.update({f"attention_{n}_{i}": s[0] for i, s in enumerate(scores)})
-        arrays[f"generated_{n}"] = np.asarray(model.generate_ids(ids, args.new_tokens).new_ids)
+        # no stop at EOS, as the oracle's generate(min_new_tokens=...)
+        arrays[f"generated_{n}"] = np.asarray(greedy(model.model, ids, args.new_tokens).new_ids)
     np.savez(args.out, **arrays)
     print(json.dumps({"backend": keras.backend.backend()}))
     return 0
