@@ -17,7 +17,7 @@
 # and $(ARM64_RESULTS)/summary.json ({"suite": "arm64", "passed": N,
 # "failed": N, "skipped": 0}), also when a run fails.
 # The root file system is cached in ARM64_CACHE, keyed on
-# .ci/arm64/build-rootfs.sh's sha256 (first build ~11 minutes).
+# .ci/arm64/build-rootfs.sh's sha256 (first build about a minute).
 ARM64_WORK ?= .cache/arm64
 ARM64_CPUS ?= cortex-a72 cortex-a76
 ARM64_CACHE ?= /var/cache/keras-mha
@@ -41,7 +41,7 @@ arm64-bundles: $(ARM64_WORK)/digits/bundle/manifest.json $(ARM64_WORK)/pronouns/
 
 # The root file system alone (root; cached in ARM64_CACHE), and everything
 # test-arm64 needs before its emulated run: .ci/run starts arm64-prepare in the
-# background beside make test, so the ~11-minute first build and the three
+# background beside make test, so the root file system and the four
 # bundles overlap the main test run instead of following it.
 arm64-rootfs: $(VENV)/.installed
 	ARM64_CACHE="$(ARM64_CACHE)" HOST_PYTHON="$(abspath $(PY))" bash .ci/arm64/rootfs.sh >/dev/null

@@ -2,8 +2,8 @@
 # The emulated 64-bit ARM root file system that make test-arm64 runs in: installs
 # the host tools (Debian's qemu-user-static, debootstrap, binfmt-support, zstd),
 # enables binfmt_misc's qemu-aarch64 entry, and builds the archive if the cache
-# has none (build-rootfs.sh, ~11 minutes from nothing, mostly its second stage
-# under emulation). Prints the archive's path on stdout, everything else on stderr.
+# has none (build-rootfs.sh, about a minute from nothing: nothing in it runs
+# under emulation but a last import check). Prints the archive's path on stdout, everything else on stderr.
 # Needs root. .ci/run starts it early (make arm64-prepare) so that the build
 # overlaps the main test run; test.sh calls it again and finds the archive.
 #
@@ -37,7 +37,7 @@ mkdir -p "$cache"
 exec 9>"$cache/.rootfs.lock"
 flock 9
 if [ ! -f "$archive" ]; then
-    echo "rootfs: no cached root file system ($archive): building it (~11 minutes)" >&2
+    echo "rootfs: no cached root file system ($archive): building it (about a minute)" >&2
     start=$(date +%s)
     nice -n 15 "$here/build-rootfs.sh" "$archive" >&2
     echo "rootfs: built in $(($(date +%s) - start)) s" >&2
