@@ -32,6 +32,14 @@ PYTEST_ARGS ?=
 # PYTEST_JOBS=1: one process.
 PYTEST_JOBS ?= 2
 XDIST = $(if $(filter-out 0 1,$(PYTEST_JOBS)),-n $(PYTEST_JOBS) --dist loadfile)
+# make test runs several processes on few cores at once (two pytest workers,
+# the backend suites beside them; in CI the arm64 part too): each computes on
+# one thread (TensorFlow's two pools, OpenMP's for PyTorch and BLAS; JAX's in
+# tests/environment.py) instead of a pool the size of the machine in each.
+# Two test_pronouns_run at once on 2 cores: 87-106 s each with the default
+# pools, 60-75 s on one thread (AMD EPYC). make demo and the others keep them.
+ONE_THREAD := TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 OMP_NUM_THREADS=1
+$(foreach v,$(ONE_THREAD),$(eval test test-fast arm64-prepare test-arm64: export $(v)))
 # `pip install -e .` writes keras_mha.egg-info into the checkout: the three
 # venvs that install the package (.venv, .venv-jax, .venv-torch) take turns
 # under `make -j` (.ci/run sets up with -j3), where flock exists.

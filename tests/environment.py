@@ -55,8 +55,14 @@ def venv_python(path, how: str):
 
 
 # Tests, not timings: a JAX child compiles each new function with XLA's cheapest
-# code generation (tests/keras_suite/run.py does the same for the JAX suites).
-JAX_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# code generation, and runs it on one thread, as make test's other processes do
+# (Makefile, ONE_THREAD): two copies of Keras's suite at once on 2 cores, 39 s
+# each with XLA's pool, 36 s on one thread (AMD EPYC). tests/keras_suite/run.py
+# gives the JAX suites the same flags.
+JAX_TEST_XLA_FLAGS = (
+    "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false"
+    " intra_op_parallelism_threads=1"
+)
 
 
 def backend_env(backend: str, **extra: str) -> dict[str, str]:
