@@ -114,6 +114,53 @@ def test_tiny_llama_gives_transformers_logits_attention_and_tokens(
     assert len({int(t) for n in range(count) for t in ref[f"generated_{n}"]}) > 10
 
 
+def test_a_bfloat16_checkpoint_loads_as_its_float32_values(tiny_llama, tmp_path):
+    """Most language models are saved in bfloat16, which numpy alone cannot read:
+    the same folder saved in bfloat16 loads, every weight the float32 one
+    rounded to bfloat16 (widening back is exact), and generates."""
+    import shutil
+
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    from keras_mha import decoder
+
+    folder = tmp_path / "bf16"
+    shutil.copytree(tiny_llama["dir"], folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    rounded = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+    save_file(rounded, str(folder / "model.safetensors"))
+    model = decoder.load(folder)
+    embedding = np.asarray(model.model.embedding.embeddings)
+    expected = rounded["model.embed_tokens.weight"].astype(np.float32)
+    np.testing.assert_array_equal(embedding, expected)
+    assert not np.array_equal(expected, tensors["model.embed_tokens.weight"])  # it did round
+    assert 1 <= len(model.generate_ids(model.encode(prompts()[0]), 4).new_ids) <= 4
+
+
+def test_read_safetensors_widens_bfloat16_and_keeps_the_rest(tmp_path):
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    from bundle_contract.errors import UsageError
+    from keras_mha.pretrained.checkpoint import read_safetensors
+
+    values = np.array([1.0, -2.5, 3.140625, 1e-3], np.float32)
+    save_file(
+        {"b": values.astype(ml_dtypes.bfloat16), "f": values, "i": np.arange(3)},
+        str(tmp_path / "t.safetensors"),
+    )
+    found = read_safetensors(tmp_path / "t.safetensors")
+    assert found["b"].dtype == np.float32 and found["f"].dtype == np.float32
+    np.testing.assert_array_equal(found["b"], values.astype(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(found["f"], values)
+    assert found["i"].dtype == np.int64 and found["i"].tolist() == [0, 1, 2]
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(UsageError, match="cannot read it") as info:
+        read_safetensors(tmp_path / "bad.safetensors")
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.slow  # served children in the JAX and torch venvs
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_other_backends_give_transformers_logits_and_tokens(tiny_llama, backend, tmp_path):

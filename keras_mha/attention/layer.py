@@ -406,11 +406,15 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         concat = point(self, "heads", ops.concatenate(heads, -1))  # (3) Concat(head_1..head_h)
         if concat_only:  # concat_heads stops before W^O
             return concat, None
+        return self._output_projection(concat), ops.stack(weights, 1)  # [B,T,d_out], [B,h,T,S]
+
+    def _output_projection(self, concat):
+        """Step (3)'s end: Concat(head_1..head_h) W^O + b^O, [B, T, h d_v] -> [B, T, d_out]."""
         w_o = ops.reshape(self.output_dense.kernel, (self.num_heads * self.d_v, -1))  # W^O
         output = ops.matmul(concat, w_o)  # (3) Concat(head_1..head_h) W^O  [B, T, d_out]
         if self.use_bias:
             output = output + self.output_dense.bias  # + b^O
-        return point(self, "output", output), ops.stack(weights, 1)  # [B,T,d_out], [B,h,T,S]
+        return point(self, "output", output)
 
     def _head_projection(self, dense, x, i):
         """Step (1) for head i: x W_i + b_i, W_i = `dense.kernel[:, i, :]`: [B, T|S, d]."""

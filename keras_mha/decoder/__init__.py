@@ -64,18 +64,18 @@ class LanguageModel:
 
 
 def _tensors(folder: pathlib.Path) -> dict:
-    from safetensors.numpy import load_file
+    from keras_mha.pretrained.checkpoint import read_safetensors
 
     single = folder / "model.safetensors"
     if single.is_file():
-        return load_file(str(single))
+        return read_safetensors(single)
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         raise UsageError("has no model.safetensors (nor model.safetensors.index.json)", folder)
     shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
     tensors = {}
     for shard in shards:
-        tensors.update(load_file(str(folder / shard)))
+        tensors.update(read_safetensors(folder / shard))
     return tensors
 
 

@@ -103,11 +103,8 @@ class CausalSelfAttention(MultiHeadAttention):
             heads.append(head_i)
             weights.append(weights_i)
         concat = ops.concatenate(heads, axis=-1)  # Concat(head_1..head_h)  [B, T, h d_v]
-        w_o = ops.reshape(self.output_dense.kernel, (self.num_heads * self.d_v, -1))  # W^O
-        output = ops.matmul(concat, w_o)
-        if self.use_bias:
-            output = output + self.output_dense.bias
-        return output, ops.stack(weights, axis=1)  # [B, T, d_model], [B, h, T, S]
+        output = self._output_projection(concat)  # Concat(...) W^O  [B, T, d_model]
+        return output, ops.stack(weights, axis=1)  # [B, h, T, S]
 
     def _attend_fused(self, q, keys, values, mask, training):
         """All heads at once: the key/value heads repeated for their groups."""

