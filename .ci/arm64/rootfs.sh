@@ -3,7 +3,8 @@
 # the host tools (Debian's qemu-user-static, debootstrap, binfmt-support, zstd),
 # enables binfmt_misc's qemu-aarch64 entry, and builds the archive if the cache
 # has none (build-rootfs.sh, about a minute from nothing: nothing in it runs
-# under emulation but a last import check). Prints the archive's path on stdout, everything else on stderr.
+# under emulation but a last import check). Prints the archive's path on stdout,
+# everything else on stderr.
 # Needs root. .ci/run starts it early (make arm64-prepare) so that the build
 # overlaps the main test run; test.sh calls it again and finds the archive.
 #
