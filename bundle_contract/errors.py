@@ -1,5 +1,6 @@
 """The error policy of keras-mha's commands: keras-mha-train, keras-mha-export,
-keras-mha-edge, keras-mha-heads, keras-mha-import, keras-mha-qat, keras-mha-rescale.
+keras-mha-edge, keras-mha-heads, keras-mha-import, keras-mha-qat, keras-mha-rescale,
+keras-mha-generate.
 
 The bottom layer of edge_demo: standard library only, importing nothing of
 this package, so the device app (no TensorFlow), the library (keras_mha) and

@@ -1,7 +1,8 @@
 # backends: the layer on every Keras backend (docs/layer.md).
 #   .venv-jax    jax + keras + numpy + pytest + this package (`pip install -e
-#                ".[pretrained]"`: no TensorFlow, proving `import keras_mha`
-#                needs none; safetensors and tokenizers for pretrained encoders)
+#                ".[pretrained,llm]"`: no TensorFlow, proving `import keras_mha`
+#                needs none; safetensors and tokenizers for pretrained encoders,
+#                gguf and jinja2 for language models)
 #                and keras-hub (--no-deps, with regex: keras_mha.convert's
 #                tests convert its models; its own tests need TensorFlow)
 #   .venv-torch  the same with PyTorch's CPU build (torch==2.13.0 is on local
@@ -30,7 +31,7 @@ define backend_venv
 	@{ test -x $(1)/bin/python || $(PYTHON) -m venv $(1); } \
 	 && $(1)/bin/python -m pip install -q --upgrade pip \
 	 && $(1)/bin/python -m pip install -q $(2) keras numpy pytest absl-py \
-	 && $(EDITABLE)$(1)/bin/python -m pip install -q -e ".[pretrained]" \
+	 && $(EDITABLE)$(1)/bin/python -m pip install -q -e ".[pretrained,llm]" \
 	 && $(1)/bin/python -m pip install -q regex && $(1)/bin/python -m pip install -q --no-deps keras-hub==0.32.0 \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \

@@ -49,6 +49,7 @@ SLOW_FIXTURES = {
     "tiny_bundle",  # test_pretrained: keras-mha-import + export of the tiny BERT
     "encoder",  # test_debug: the tiny BERT exported in float32 and int8
     "tiny_llama",  # test_decoder: transformers builds a Llama and generates with it
+    "smollm2",  # test_decoder: transformers reads SmolLM2's GGUF and generates with it
 }
 
 

@@ -1,6 +1,7 @@
 """The table that ends `make test`: every sub-suite it ran, with counts, and a verdict.
 
     python tests/summary.py RESULTS_DIR [COUNTS.json ...]
+    python tests/summary.py --figures RESULTS_DIR     (the figures alone: make llm)
 
 RESULTS_DIR (make test's .cache/test-results) holds pytest.xml, the main
 run's junit, where tests/conftest.py tags the tests of some parts with a
@@ -166,6 +167,9 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
+    if argv[0] == "--figures":  # make llm: a folder's figures only, no table
+        print("\n".join(figures(pathlib.Path(argv[1]))))
+        return 0
     results = pathlib.Path(argv[0])
     rows = [(label, *line(results, file, part)) for label, file, part in LINES]
     rows += [extra(pathlib.Path(p)) for p in argv[1:]]

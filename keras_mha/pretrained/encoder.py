@@ -83,25 +83,17 @@ class Encoder:
 def load_model(
     source: str | pathlib.Path = "all-MiniLM-L6-v2", max_length: int = DEFAULT_MAX_LENGTH
 ):
-    """`keras_mha.pretrained.load`: an encoder (`load`) or, for a folder whose
-    config.json names a Llama decoder, a `keras_mha.decoder.LanguageModel`
+    """`keras_mha.pretrained.load`: an encoder (`load`) or, for a language model
+    (SmolLM2-135M-Instruct, a .gguf file, a folder whose config.json names a
+    Llama decoder), a `keras_mha.decoder.LanguageModel`
     (`.generate(prompt, max_new_tokens)`; `max_length` is the encoder's)."""
-    if is_llama_folder(source):
+    from keras_mha.decoder import is_language_model
+
+    if is_language_model(source):
         from keras_mha import decoder
 
         return decoder.load(source)
     return load(source, max_length)
-
-
-def is_llama_folder(source) -> bool:
-    """Whether `source` is a folder whose config.json names a Llama decoder."""
-    import json
-
-    path = pathlib.Path(source) / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")).get("model_type") == "llama"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def load(
@@ -113,7 +105,9 @@ def load(
     missing file, a checksum mismatch or a configuration the encoder cannot
     honour.
     """
-    if is_llama_folder(source):  # a language model: keras_mha.decoder
+    from keras_mha.decoder import is_language_model
+
+    if is_language_model(source):  # a language model: keras_mha.decoder
         from keras_mha import decoder
 
         return decoder.load(source)

@@ -5,12 +5,12 @@ repository on PYTHONPATH); tests/test_pretrained.py compares what it writes
 with transformers' reference.
 
     python tests/oracle/backend_outputs.py MODEL_DIR REF.npz OUT.npz [--max-length 64]
-    python tests/oracle/backend_outputs.py LLAMA_DIR REF.npz OUT.npz --decoder
+    python tests/oracle/backend_outputs.py LLAMA_DIR_OR_GGUF REF.npz OUT.npz --decoder
         [--new-tokens 16] [--implementation fused]
     python tests/oracle/backend_outputs.py serve   (commands as JSON lines on stdin)
 
 OUT.npz: `vectors` (the encoder's outputs on REF.npz's input_ids) and `a0`,
-`a1`, ... (every layer's attention weights). With --decoder (a Llama folder,
+`a1`, ... (every layer's attention weights). With --decoder (a Llama folder or a .gguf file,
 keras_mha.decoder, REF.npz from tests/oracle/llama_oracle.py): for each
 prompt n, `logits_n`, `attention_n_l` and `generated_n` (greedy, the KV
 cache). The last line printed is
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder", action="store_true")
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--implementation", default="fused")
+    parser.add_argument("--stop-at-eos", action="store_true")
     args = parser.parse_args(argv)
     if args.decoder:
         return decoder_outputs(args)
@@ -58,7 +59,6 @@ def decoder_outputs(args) -> int:
     import numpy as np
 
     from keras_mha import decoder
-    from keras_mha.decoder.generate import greedy
 
     keras.backend.clear_session()
     model = decoder.load(args.model_dir, implementation=args.implementation)
@@ -70,8 +70,9 @@ def decoder_outputs(args) -> int:
         logits, scores = model.logits(ids[None], return_attention_scores=True)
         arrays[f"logits_{n}"] = logits[0]
         arrays.update({f"attention_{n}_{i}": s[0] for i, s in enumerate(scores)})
-        # no stop at EOS, as the oracle's generate(min_new_tokens=...)
-        arrays[f"generated_{n}"] = np.asarray(greedy(model.model, ids, args.new_tokens).new_ids)
+        # as the oracle's generate: min_new_tokens=new_tokens, or --stop-at-eos
+        done = model.generate_ids(ids, args.new_tokens, stop_at_eos=args.stop_at_eos)
+        arrays[f"generated_{n}"] = np.asarray(done.new_ids)
     np.savez(args.out, **arrays)
     print(json.dumps({"backend": keras.backend.backend()}))
     return 0

@@ -5,7 +5,7 @@ oracle, never imported by the library.
 
     python tests/oracle/llama_oracle.py tiny OUT_DIR --layers L --heads H --kv-heads G
         --hidden D --intermediate F [--seed 0] [--rope-theta 10000] [--std 0.2]
-    python tests/oracle/llama_oracle.py reference MODEL_DIR PROMPTS.txt OUT.npz
+    python tests/oracle/llama_oracle.py reference MODEL PROMPTS.txt OUT.npz
         [--new-tokens 16]
     python tests/oracle/llama_oracle.py serve   (commands as JSON lines on stdin)
 
@@ -16,11 +16,15 @@ corpus (tokenizer.json, bert_oracle.py's; <s> 0, <pad> 1, </s> 2). Its weights a
 std --std (transformers' default 0.02 gives a random model near-uniform
 logits, whose greedy choices would be near ties).
 
-`reference` writes OUT.npz, for prompt n (one a line, no special tokens):
+`reference` (MODEL: a saved folder, or a .gguf file, which transformers
+dequantizes and reads its tokenizer from) writes OUT.npz, for prompt n (one a
+line, no special tokens; a line starting "chat: " is a user's message in the
+model's chat template, rendered by transformers' tokenizer):
 `ids_n` the prompt's ids, `logits_n` (T, V) the logits of every position,
 `attention_n_l` (h, T, T) layer l's attention weights (eager attention), and
 `generated_n` the --new-tokens ids of `generate(do_sample=False)` with its
-KV cache, `gaps_n` each step's top-two logit gap.
+KV cache (fewer with --stop-at-eos, which ends at the end token), `gaps_n`
+each step's top-two logit gap (of the model's logits).
 """
 
 from __future__ import annotations
@@ -90,18 +94,44 @@ def tiny(args) -> int:
     return 0
 
 
+CHAT = "chat: "  # a prompts line so marked is a user's message in the chat template
+
+
 def reference(args) -> int:
     torch = setup_torch()
     from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(args.model, attn_implementation="eager").eval()
-    tokenizer = Tokenizer.from_file(str(pathlib.Path(args.model) / "tokenizer.json"))
+    source = pathlib.Path(args.model)
+    if source.suffix == ".gguf":  # transformers dequantizes it and undoes llama.cpp's rows
+        from transformers import AutoTokenizer
+
+        where = dict(pretrained_model_name_or_path=source.parent, gguf_file=source.name)
+        model = LlamaForCausalLM.from_pretrained(
+            **where, dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        hf_tokenizer = AutoTokenizer.from_pretrained(**where)
+
+        def encode(text):
+            if text.startswith(CHAT):
+                text = hf_tokenizer.apply_chat_template(
+                    [{"role": "user", "content": text[len(CHAT) :]}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            return hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        model = LlamaForCausalLM.from_pretrained(source, attn_implementation="eager").eval()
+        tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+
+        def encode(text):
+            return tokenizer.encode(text, add_special_tokens=False).ids
+
     prompts = [p for p in pathlib.Path(args.prompts).read_text(encoding="utf-8").splitlines() if p]
     arrays = {}
     with torch.no_grad():
         for n, prompt in enumerate(prompts):
-            ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+            ids = encode(prompt)
             x = torch.tensor([ids])
             out = model(x, output_attentions=True)
             arrays[f"ids_{n}"] = np.asarray(ids, np.int64)
@@ -112,16 +142,16 @@ def reference(args) -> int:
                 x,
                 attention_mask=torch.ones_like(x),
                 max_new_tokens=args.new_tokens,
-                min_new_tokens=args.new_tokens,
+                min_new_tokens=None if args.stop_at_eos else args.new_tokens,
                 do_sample=False,
                 use_cache=True,
-                output_scores=True,
+                output_logits=True,
                 return_dict_in_generate=True,
                 pad_token_id=1,
             )
             arrays[f"generated_{n}"] = generated.sequences[0, len(ids) :].numpy()
             gaps = []
-            for scores in generated.scores:
+            for scores in generated.logits:  # the model's, before any processor
                 top = torch.topk(scores[0].float(), 2).values
                 gaps.append(float(top[0] - top[1]))
             arrays[f"gaps_{n}"] = np.asarray(gaps)
@@ -145,6 +175,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("prompts")
     r.add_argument("out")
     r.add_argument("--new-tokens", type=int, default=16)
+    r.add_argument("--stop-at-eos", action="store_true", help="else min_new_tokens=new_tokens")
     return top
 
 

@@ -1,0 +1,3 @@
+from keras_mha.decoder.cli import main
+
+raise SystemExit(main())
