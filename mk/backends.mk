@@ -44,9 +44,10 @@ $(JAX_VENV)/.installed: $(BACKEND_DEPS)
 	$(call backend_venv,$(JAX_VENV),jax jaxlib)
 
 # The torch venv also runs the reference implementations the pretrained
-# encoder is tested against (tests/oracle/bert_oracle.py); never a dependency
-# of the layer.
-TORCH_ORACLE := transformers==5.24.0 sentence-transformers==6.2.0
+# encoder and the decoder are tested against (tests/oracle/bert_oracle.py,
+# llama_oracle.py); never a dependency of the layer. transformers reads a GGUF
+# file only with accelerate installed.
+TORCH_ORACLE := transformers==5.24.0 sentence-transformers==6.2.0 accelerate==1.16.0
 $(TORCH_VENV)/.installed: $(BACKEND_DEPS)
 	$(call backend_venv,$(TORCH_VENV),torch==2.13.0 $(TORCH_ORACLE))
 
