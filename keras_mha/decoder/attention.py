@@ -24,6 +24,7 @@ import keras
 from keras import ops
 
 from keras_mha.attention import MultiHeadAttention
+from keras_mha.attention.masks import head_mask_tensor
 
 from .layers import rotary_angles, rotate
 
@@ -50,7 +51,17 @@ class CausalSelfAttention(MultiHeadAttention):
         shape = (batch_size, length, self.num_key_value_heads, self.d_k)
         return ops.zeros(shape, dtype), ops.zeros(shape[:-1] + (self.d_v,), dtype)
 
-    def call(self, x, cache=None, cache_index=0, return_attention_scores=False, training=None):
+    def call(
+        self,
+        x,
+        cache=None,
+        cache_index=0,
+        return_attention_scores=False,
+        training=None,
+        head_mask=None,
+    ):
+        if head_mask is not None:  # (h,) or (B, h): head i's output times column i
+            head_mask = head_mask_tensor(head_mask, self.num_heads, self.compute_dtype)
         positions = cache_index + ops.arange(ops.shape(x)[1], dtype="int32")  # p of each token
         cos, sin = rotary_angles(positions, self.d_k, self.rope_base)  # [T, d_k]
         if self.implementation == "per_head":
@@ -67,9 +78,9 @@ class CausalSelfAttention(MultiHeadAttention):
         allowed = ops.arange(ops.shape(keys)[1], dtype="int32")[None, :] <= positions[:, None]
         mask = allowed[None]  # [1, T, S]
         if self.implementation == "per_head":
-            output, scores = self._attend_per_head(q_heads, keys, values, mask, training)
+            output, scores = self._attend_per_head(q_heads, keys, values, mask, training, head_mask)
         else:
-            output, scores = self._attend_fused(q, keys, values, mask, training)
+            output, scores = self._attend_fused(q, keys, values, mask, training, head_mask)
         result = (output,) if cache is None else (output, (keys, values))
         if return_attention_scores:
             result += (scores,)
@@ -92,7 +103,7 @@ class CausalSelfAttention(MultiHeadAttention):
         ]
         return q_heads, ops.stack(k_groups, axis=2), ops.stack(v_groups, axis=2)
 
-    def _attend_per_head(self, q_heads, keys, values, mask, training):
+    def _attend_per_head(self, q_heads, keys, values, mask, training, head_mask=None):
         """Steps (2) and (3): head i attends with its group's k_g, v_g; Concat; W^O."""
         heads, weights = [], []
         for i, q_i in enumerate(q_heads):
@@ -100,13 +111,15 @@ class CausalSelfAttention(MultiHeadAttention):
             head_i, weights_i = self._scaled_dot_product_attention(
                 q_i, keys[:, :, g, :], values[:, :, g, :], mask=mask, training=training, head=i
             )  # softmax(q_i k_g^T / sqrt(d_k) + causal) v_g  [B, T, d_v]
+            if head_mask is not None:  # head analysis: 0 silences head i
+                head_i = head_i * head_mask[:, i, None, None]
             heads.append(head_i)
             weights.append(weights_i)
         concat = ops.concatenate(heads, axis=-1)  # Concat(head_1..head_h)  [B, T, h d_v]
         output = self._output_projection(concat)  # Concat(...) W^O  [B, T, d_model]
         return output, ops.stack(weights, axis=1)  # [B, h, T, S]
 
-    def _attend_fused(self, q, keys, values, mask, training):
+    def _attend_fused(self, q, keys, values, mask, training, head_mask=None):
         """All heads at once: the key/value heads repeated for their groups."""
         if self.group_size > 1:
             keys = ops.repeat(keys, self.group_size, axis=2)  # [B, S, h, d_k]
@@ -119,6 +132,8 @@ class CausalSelfAttention(MultiHeadAttention):
             training=training,
             return_attention_scores=True,
         )  # [B, T, h, d_v], [B, h, T, S]
+        if head_mask is not None:
+            heads = heads * head_mask[:, None, :, None]
         return self._output_dense(heads), scores
 
     def get_config(self):

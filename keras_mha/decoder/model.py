@@ -177,12 +177,13 @@ class DecoderBlock(keras.layers.Layer):
         self.ffn.build(input_shape)
         self.built = True
 
-    def call(self, x, cache=None, cache_index=0, return_attention_scores=False):
+    def call(self, x, cache=None, cache_index=0, return_attention_scores=False, head_mask=None):
         out = self.attention(
             self.attention_norm(x),
             cache=cache,
             cache_index=cache_index,
             return_attention_scores=return_attention_scores,
+            head_mask=head_mask,
         )
         out = out if isinstance(out, tuple) else (out,)
         a = x + out[0]
@@ -239,11 +240,14 @@ class Decoder(keras.Model):
             return self.lm_head(h)
         return ops.matmul(h, ops.transpose(self.embedding.embeddings))  # tied: h E^T
 
-    def call(self, ids, return_attention_scores=False):
+    def call(self, ids, return_attention_scores=False, head_mask=None):
+        """`head_mask`: None, or one multiplier per query head of each block
+        `(L, h)` (0 silences a head: keras_mha/decoder/heads.py)."""
         h = self.embedding(ids)
         scores = []
-        for block in self.blocks:
-            out = block(h, return_attention_scores=return_attention_scores)
+        for i, block in enumerate(self.blocks):
+            mask = None if head_mask is None else head_mask[i]
+            out = block(h, return_attention_scores=return_attention_scores, head_mask=mask)
             h = out[0]
             scores.extend(out[1:])
         logits = self._logits(h)

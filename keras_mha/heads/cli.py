@@ -33,6 +33,14 @@ heads at once and refits W^O and the FFN outputs by least squares on the
 calibration sentences (keras_mha/heads/encoder.py, its commands in
 keras_mha/heads/encoder_commands.py; docs/pretrained.md).
 
+For a language model's run (keras-mha-import of SmolLM2, a GGUF or a Llama
+folder), `importance` scores every query head by the same I_h with the next
+token's negative log-likelihood as L, on the corpus's held-out sentences, and
+prints two pruning curves, query heads and whole key/value groups, scored by
+next-token agreement, perplexity and the KV cache left
+(keras_mha/decoder/heads.py); `coref` probes it as any model that reads
+words (causal: "it" looks back at both nouns).
+
 `coref` probes any model that reads words, a trained pronouns classifier or
 an encoder imported by keras-mha-import: on generated pronoun sentences
 (keras_mha.data), each head picks the candidate noun the pronoun's query row

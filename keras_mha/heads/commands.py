@@ -38,8 +38,13 @@ def _heads_dir(run_dir: str) -> pathlib.Path:
 
 
 def cmd_importance(args: argparse.Namespace) -> int:
+    from keras_mha.decoder import is_language_model
     from keras_mha.rundir.tasks import task_of
 
+    if is_language_model(args.run_dir):  # query heads and key/value groups, by perplexity
+        from keras_mha.heads.decoder_commands import cmd_importance_language_model
+
+        return cmd_importance_language_model(args)
     if not task_of(args.run_dir).labelled:  # no labels (an imported encoder): label-free
         from keras_mha.heads.encoder_commands import cmd_importance_embedding
 
@@ -474,6 +479,12 @@ def cmd_coref(args: argparse.Namespace) -> int:
 
     if not 1 <= args.sentences <= MAX_SENTENCES:
         raise UsageError(f"--sentences must be in [1, {MAX_SENTENCES}]; got {args.sentences}")
+    from keras_mha.decoder import is_language_model
+
+    if is_language_model(args.run_dir):  # a run, not the GGUF or name it came from
+        from keras_mha.heads.decoder_commands import language_model_run
+
+        language_model_run(args.run_dir)
     if args.json is not None:
         out = check_writable(args.json, "--json")
     else:

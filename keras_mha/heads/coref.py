@@ -341,6 +341,10 @@ def token_model(run_dir: str | os.PathLike) -> TokenModel:
         weights = [ops.convert_to_numpy(w) for w in weights]
         return [[w[b] for w in weights] for b in range(len(weights[0]))]
 
+    from keras_mha.decoder import is_language_model
+
+    if is_language_model(run_dir):
+        return _language_model(run_dir)
     run = read_any(run_dir)
     tokenizer = getattr(run, "tokenizer", None)
     if tokenizer is not None:  # word pieces: an encoder from keras-mha-import
@@ -389,6 +393,36 @@ def token_model(run_dir: str | os.PathLike) -> TokenModel:
         lambda text: vocab.analyze(text).unknown,
         run.model_file,
     )
+
+
+def _language_model(run_dir: str | os.PathLike) -> TokenModel:
+    """A language model's run (keras-mha-import of SmolLM2, a GGUF or a Llama folder):
+    its byte-level tokens and every layer's attention. It is causal: the
+    pronoun's row sees only the tokens before it, and in the task's sentences
+    (and the lesson's) every candidate noun comes before the pronoun."""
+    from keras_mha import decoder
+    from keras_mha.decoder.run import TASK
+    from keras_mha.heads.decoder_commands import language_model_run
+
+    folder = language_model_run(run_dir)
+    lm = decoder.load(folder)
+
+    def offsets(text):
+        # byte-level tokens carry the space before a word ("Ġit"): the word's characters only
+        spans = lm.tokenizer.encode(text, add_special_tokens=False).offsets
+        return [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in spans]
+
+    def attention(texts):
+        # right-padded to the longest: causal, so a pad after a sentence changes none of it
+        ids = [lm.encode(t) for t in texts]
+        batch = np.zeros((len(ids), max(map(len, ids))), np.int32)
+        for row, sentence in zip(batch, ids):
+            row[: len(sentence)] = sentence
+        _, weights = lm.logits(batch, return_attention_scores=True)
+        return [[w[b] for w in weights] for b in range(len(texts))], None
+
+    return TokenModel(TASK, offsets, attention, lambda text: (),
+                      folder / "model.safetensors")  # fmt: skip
 
 
 # --------------------------------------------------------------- the best head
