@@ -39,16 +39,13 @@ def write_llama_gguf(path, model, metadata: dict | None = None, drop: tuple = ()
     """`model` (a Decoder whose vocabulary is byte_tokens()) as a GGUF file."""
     import gguf
 
-    from keras_mha.decoder.gguf_import import GGUF_NAMES
+    from keras_mha.decoder.gguf_import import gguf_to_transformers
     from keras_mha.decoder.weights import llama_tensors
 
     c = model.decoder_config
     tokens = byte_tokens()
     assert c.vocab_size == len(tokens), (c.vocab_size, len(tokens))
-    hf_to_gguf = {}
-    for gguf_name, hf_name in GGUF_NAMES.items():
-        for layer in range(c.num_hidden_layers) if "{l}" in gguf_name else [None]:
-            hf_to_gguf[hf_name.format(l=layer)] = gguf_name.format(l=layer)
+    hf_to_gguf = {hf: g for g, hf in gguf_to_transformers(c.num_hidden_layers).items()}
     values = {
         "llama.block_count": c.num_hidden_layers,
         "llama.context_length": c.max_position_embeddings,

@@ -80,6 +80,24 @@ class LanguageModel:
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def answer(self, new_ids) -> str:
+        """Generated ids as text, without the end token that stopped them."""
+        new = list(new_ids)
+        if new and new[-1] == self.config.eos_token_id:
+            new = new[:-1]
+        return self.decode(new)
+
+    def encode_batch(self, texts):
+        """Texts as right-padded ids `(N, T)` int32 and each one's length. Padding
+        after a text changes none of its positions' outputs: the model is causal."""
+        import numpy as np
+
+        encoded = [self.encode(t) for t in texts]
+        ids = np.zeros((len(encoded), max(map(len, encoded))), np.int32)
+        for row, tokens in zip(ids, encoded):
+            row[: len(tokens)] = tokens
+        return ids, np.asarray([len(t) for t in encoded])
+
     def logits(self, ids, return_attention_scores=False):
         """The next-token logits of every position of `ids` `(B, T)`, float32 numpy
         (and every layer's attention weights `(B, h, T, T)`)."""
@@ -106,10 +124,7 @@ class LanguageModel:
         """The prompt's greedy continuation, as text (`chat`: the prompt is a user's
         message in the chat template, and the answer ends before its end token)."""
         text = self.chat_prompt(prompt) if chat else prompt
-        new = self.generate_ids(self.encode(text), max_new_tokens).new_ids
-        if new and new[-1] == self.config.eos_token_id:
-            new = new[:-1]
-        return self.decode(new)
+        return self.answer(self.generate_ids(self.encode(text), max_new_tokens).new_ids)
 
 
 def _tensors(folder: pathlib.Path) -> dict:
@@ -147,14 +162,14 @@ def known_file(name: str) -> pathlib.Path:
 class Parts:
     """What a language model is made of, read from its source but not yet built:
     the config, transformers-named float32 tensors, the tokenizer, the chat
-    template, and the sha256 of the file they came from (None for a folder)."""
+    template, and the file they came from (None for a folder)."""
 
     config: object  # DecoderConfig
     tensors: dict
     tokenizer: object  # tokenizers.Tokenizer
     chat_template: str | None
     source: str
-    source_sha256: str | None = None
+    source_file: pathlib.Path | None = None
 
 
 def read_parts(source) -> Parts:
@@ -162,17 +177,14 @@ def read_parts(source) -> Parts:
     one line, for a file missing or a model we do not build)."""
     from tokenizers import Tokenizer
 
-    from bundle_contract.files import sha256_file
-
     from .gguf_import import GGUFFile
     from .model import read_llama_config
 
     path = known_file(str(source)) if str(source) in KNOWN else pathlib.Path(source)
     if path.suffix == ".gguf" or path.is_file():
         gguf = GGUFFile(path)
-        digest = KNOWN[str(source)]["sha256"] if str(source) in KNOWN else sha256_file(path)
         return Parts(gguf.config, gguf.tensors(), gguf.tokenizer(), gguf.chat_template,
-                     str(source), digest)  # fmt: skip
+                     str(source), path)  # fmt: skip
     folder = path
     if not folder.is_dir():
         raise UsageError(

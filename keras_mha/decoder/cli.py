@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         done = lm.generate_ids(ids, args.max_new_tokens, stop_at_eos=True)
         seconds = time.perf_counter() - start
         new = done.new_ids
-        shown = new[:-1] if new and new[-1] == lm.config.eos_token_id else new
-        print(" ".join(map(str, new)) if args.ids else lm.decode(shown))
+        print(" ".join(map(str, new)) if args.ids else lm.answer(new))
         print(f"{len(ids)} prompt tokens, {len(new)} new in {seconds:.1f} s (the first step "
               "compiles)", file=sys.stderr)  # fmt: skip
         return 0

@@ -25,23 +25,34 @@ from bundle_contract.errors import UsageError
 
 from .model import DecoderConfig
 
-# GGUF's names -> transformers' (weights.py reads those)
+# GGUF's names, by weights.NAMES' keys (transformers' names: what weights.py reads)
 GGUF_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{l}.attn_norm.weight": "model.layers.{l}.input_layernorm.weight",
-    "blk.{l}.ffn_norm.weight": "model.layers.{l}.post_attention_layernorm.weight",
-    "blk.{l}.attn_q.weight": "model.layers.{l}.self_attn.q_proj.weight",
-    "blk.{l}.attn_k.weight": "model.layers.{l}.self_attn.k_proj.weight",
-    "blk.{l}.attn_v.weight": "model.layers.{l}.self_attn.v_proj.weight",
-    "blk.{l}.attn_output.weight": "model.layers.{l}.self_attn.o_proj.weight",
-    "blk.{l}.ffn_gate.weight": "model.layers.{l}.mlp.gate_proj.weight",
-    "blk.{l}.ffn_up.weight": "model.layers.{l}.mlp.up_proj.weight",
-    "blk.{l}.ffn_down.weight": "model.layers.{l}.mlp.down_proj.weight",
+    "embedding": "token_embd.weight",
+    "final_norm": "output_norm.weight",
+    "lm_head": "output.weight",
+    "attention_norm": "blk.{l}.attn_norm.weight",
+    "ffn_norm": "blk.{l}.ffn_norm.weight",
+    "query": "blk.{l}.attn_q.weight",
+    "key": "blk.{l}.attn_k.weight",
+    "value": "blk.{l}.attn_v.weight",
+    "output": "blk.{l}.attn_output.weight",
+    "gate": "blk.{l}.ffn_gate.weight",
+    "up": "blk.{l}.ffn_up.weight",
+    "down": "blk.{l}.ffn_down.weight",
 }
 TOKENIZER_MODELS = ("gpt2",)  # byte-level BPE
 CONTROL = 3  # tokenizer.ggml.token_type of a control token
+
+
+def gguf_to_transformers(layers: int) -> dict[str, str]:
+    """Every tensor's GGUF name -> its transformers name, for `layers` blocks."""
+    from .weights import NAMES
+
+    rename = {}
+    for key, gguf_name in GGUF_NAMES.items():
+        for layer in range(layers) if "{l}" in gguf_name else [None]:
+            rename[gguf_name.format(l=layer)] = NAMES[key].format(l=layer)
+    return rename
 
 
 def unpermute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -134,10 +145,7 @@ class GGUFFile:
         from gguf.quants import dequantize
 
         c = self.config
-        rename = {}
-        for gguf_name, hf_name in GGUF_NAMES.items():
-            for layer in range(c.num_hidden_layers) if "{l}" in gguf_name else [None]:
-                rename[gguf_name.format(l=layer)] = hf_name.format(l=layer)
+        rename = gguf_to_transformers(c.num_hidden_layers)
         found = {}
         for tensor in self.reader.tensors:
             name = rename.get(tensor.name)

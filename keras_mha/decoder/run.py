@@ -48,6 +48,29 @@ def versions() -> dict[str, str]:
     return found
 
 
+def require_run(run_dir) -> pathlib.Path:
+    """`run_dir` as a language model's run folder; a UsageError saying how to
+    make one (for a GGUF file, a known name, another folder)."""
+    from bundle_contract.errors import UsageError
+
+    folder = pathlib.Path(run_dir)
+    if not (folder / "model.safetensors").is_file():
+        raise UsageError(
+            f"is not a language model's run; make one with keras-mha-import {run_dir} --out RUN",
+            run_dir,
+        )
+    return folder
+
+
+def _source_sha256(source, parts) -> str | None:
+    """The pinned sha256 of a KNOWN name (checked when read), else the file's."""
+    from . import KNOWN
+
+    if str(source) in KNOWN:
+        return KNOWN[str(source)]["sha256"]
+    return sha256_file(parts.source_file) if parts.source_file is not None else None
+
+
 def import_language_model(source, out, overwrite: bool = False, log=print) -> pathlib.Path:
     """Read `source` (a KNOWN name, a .gguf file, a Llama folder), check that its
     weights build our Decoder, and write the run `out`; returns its path."""
@@ -82,7 +105,7 @@ def import_language_model(source, out, overwrite: bool = False, log=print) -> pa
         metrics = {
             "task": TASK,
             "source": str(source),
-            "source_sha256": parts.source_sha256,
+            "source_sha256": _source_sha256(source, parts),
             "config": c.to_dict(),
             "versions": versions(),
             "files": {name: sha256_file(staging / name) for name in FILES},

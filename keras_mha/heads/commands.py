@@ -482,9 +482,9 @@ def cmd_coref(args: argparse.Namespace) -> int:
     from keras_mha.decoder import is_language_model
 
     if is_language_model(args.run_dir):  # a run, not the GGUF or name it came from
-        from keras_mha.heads.decoder_commands import language_model_run
+        from keras_mha.decoder.run import require_run
 
-        language_model_run(args.run_dir)
+        require_run(args.run_dir)
     if args.json is not None:
         out = check_writable(args.json, "--json")
     else:

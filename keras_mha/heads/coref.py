@@ -401,10 +401,9 @@ def _language_model(run_dir: str | os.PathLike) -> TokenModel:
     pronoun's row sees only the tokens before it, and in the task's sentences
     (and the lesson's) every candidate noun comes before the pronoun."""
     from keras_mha import decoder
-    from keras_mha.decoder.run import TASK
-    from keras_mha.heads.decoder_commands import language_model_run
+    from keras_mha.decoder.run import TASK, require_run
 
-    folder = language_model_run(run_dir)
+    folder = require_run(run_dir)
     lm = decoder.load(folder)
 
     def offsets(text):
@@ -413,11 +412,7 @@ def _language_model(run_dir: str | os.PathLike) -> TokenModel:
         return [(s + len(text[s:e]) - len(text[s:e].lstrip()), e) for s, e in spans]
 
     def attention(texts):
-        # right-padded to the longest: causal, so a pad after a sentence changes none of it
-        ids = [lm.encode(t) for t in texts]
-        batch = np.zeros((len(ids), max(map(len, ids))), np.int32)
-        for row, sentence in zip(batch, ids):
-            row[: len(sentence)] = sentence
+        batch, _ = lm.encode_batch(texts)  # right-padded: causal, the pads change nothing
         _, weights = lm.logits(batch, return_attention_scores=True)
         return [[w[b] for w in weights] for b in range(len(texts))], None
 

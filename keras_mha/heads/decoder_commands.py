@@ -9,33 +9,20 @@ Written to RUN_DIR/heads/importance.json.
 from __future__ import annotations
 
 import argparse
-import pathlib
 
 import numpy as np
 
-from bundle_contract.errors import UsageError
 from bundle_contract.files import check_writable, sha256_file, write_json_atomic
 
 SHARES = (0.0, 0.1, 0.2, 0.3, 0.5)  # of the query heads, then of the groups
 
 
-def language_model_run(run_dir) -> pathlib.Path:
-    """`run_dir` as a language model's run folder (keras-mha-import writes one); a
-    UsageError saying how to make one for a GGUF file, a known name, another folder."""
-    folder = pathlib.Path(run_dir)
-    if not (folder / "model.safetensors").is_file():
-        raise UsageError(
-            f"is not a language model's run; make one with keras-mha-import {run_dir} --out RUN",
-            run_dir,
-        )
-    return folder
-
-
 def cmd_importance_language_model(args: argparse.Namespace) -> int:
     from keras_mha import decoder
     from keras_mha.decoder import heads
+    from keras_mha.decoder.run import require_run
 
-    folder = language_model_run(args.run_dir)
+    folder = require_run(args.run_dir)
     out = check_writable(folder / "heads" / "importance.json", "RUN_DIR")
     lm = decoder.load(folder)
     c = lm.config

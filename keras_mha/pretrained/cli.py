@@ -33,11 +33,9 @@ from bundle_contract.errors import Parser, UsageError, nonnegative_int, positive
 from keras_mha.pretrained import rescale  # numpy only: --help imports no TensorFlow
 
 PROG = "keras-mha-import"
-ENCODER_ONLY = (
-    "max_length",
-    "calibration",
-    "seed",
-)  # None unless given: the defaults are import_run's
+# An encoder's settings: None unless given (the defaults are import_run's), refused
+# for a language model.
+ENCODER_ONLY = ("max_length", "calibration", "seed")
 
 
 def build_parser() -> argparse.ArgumentParser:

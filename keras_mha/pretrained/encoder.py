@@ -105,12 +105,6 @@ def load(
     missing file, a checksum mismatch or a configuration the encoder cannot
     honour.
     """
-    from keras_mha.decoder import is_language_model
-
-    if is_language_model(source):  # a language model: keras_mha.decoder
-        from keras_mha import decoder
-
-        return decoder.load(source)
     checkpoint = resolve(str(source))
     config = checkpoint.config
     if max_length > config.max_length:
