@@ -6,7 +6,7 @@ starts a Python child importing TensorFlow, JAX or PyTorch: `make test-fast`
 (-m "not slow") trains no run, exports and converts nothing, and starts no
 such child but the tiny BERT's reference in the torch venv (the oracle the
 import is checked against, one server process for all of them). Goal: at
-most 180 s on 2 cores; measured 145 to 152 s on an AMD EPYC (README,
+most 180 s on 2 cores; measured 102 s on an AMD EPYC (README,
 docs/development.md). A test that make test's table also counts on a line of
 its own (tests/summary.py's part_of: browser, tflite-runtime, TFLite Micro,
 layer tests) carries that line's name as the junit property `part`.
@@ -92,6 +92,32 @@ def pytest_collection_modifyitems(config, items):
         part = part_of(item)
         if part is not None:
             item.user_properties.append(("part", part))
+
+
+def pytest_collection_finish(session):
+    """Python's garbage collector set to skip what every test keeps.
+
+    After collection the process holds Keras, its backend and the test modules:
+    a million or more objects that live until it ends. Every full collection
+    walked all of them: the TFLite converter and the device's scoring call
+    gc.collect() once a model (0.2 s each here), and Python's own collections
+    ran as often. gc.freeze() moves what exists now out of the collector's
+    sight (nothing frozen is garbage: it stays until exit anyway); what tests
+    create is collected as before. tests/test_export_verify.py: 63 s to 44 s,
+    its gc.collect() calls 16 s to 3 s (AMD EPYC). Keras (with its backend) and
+    Hypothesis are imported first, where installed: nearly every test process
+    imports them, and Hypothesis, imported after a freeze, warns about trio's
+    random generator (its check cannot see frozen referrers)."""
+    import gc
+    import importlib
+
+    for name in ("keras", "hypothesis"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_report_header(config):
