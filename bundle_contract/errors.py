@@ -149,6 +149,22 @@ def _reconfigure_streams() -> None:
             stream.reconfigure(errors="replace")  # µ and Δ on an ASCII terminal
 
 
+# The interrupt records of the commands running (run_main's), innermost last.
+_NOTED: list[list[bool]] = []
+
+
+def raise_if_interrupted() -> None:
+    """KeyboardInterrupt if Ctrl-C came during this command but something swallowed it.
+
+    TensorFlow's op dispatch clears a Python error raised while it runs, the
+    KeyboardInterrupt too (measured: a Ctrl-C while Keras traced the attention
+    probe, and export went on to write its bundle, exit 0). A staged write calls
+    this before its rename, so such a Ctrl-C still leaves nothing behind.
+    """
+    if _NOTED and _NOTED[-1]:
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _noting_interrupts() -> Iterator[list[bool]]:
     """Note whether Ctrl-C came, even if the code it interrupted turned it into another error.
@@ -172,10 +188,12 @@ def _noting_interrupts() -> Iterator[list[bool]]:
     except ValueError:  # not the main thread: signals are not ours to handle
         yield noted
         return
+    _NOTED.append(noted)
     try:
         yield noted
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        _NOTED.pop()
 
 
 def run_main(prog: str, body: Callable[[], int]) -> int:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
-from .errors import UsageError
+from .errors import UsageError, raise_if_interrupted
 
 TFLITE_IDENTIFIER = b"TFL3"
 # The most a bundle file is read into memory for (a model, an npz): a device
@@ -79,6 +79,7 @@ def _write_atomic(
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it 0600; give it a normal file's mode
         if flag is not None:  # the path may have changed while the file was written
             check_output(path, flag, protected)
+        raise_if_interrupted()  # a Ctrl-C that something swallowed still cancels
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -134,6 +135,7 @@ def swap_into_place(built: str | os.PathLike, out: str | os.PathLike) -> None:
     place; if the rename fails, the old one is put back.
     """
     built, out = pathlib.Path(built), pathlib.Path(out)
+    raise_if_interrupted()  # a Ctrl-C that something swallowed still cancels
     if not out.exists():
         os.replace(built, out)
         return

@@ -136,6 +136,39 @@ def test_an_error_raised_while_unwinding_from_ctrl_c_is_the_interrupt(capsys):
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_swallowed_ctrl_c_still_cancels_the_write(tmp_path, capsys):
+    """TensorFlow's op dispatch clears a KeyboardInterrupt raised inside it and the
+    command goes on; the staged bundle and file are not renamed into place, and
+    the command exits 130 (tests/test_export_input.py's Ctrl-C test met it once
+    in CI: export exit 0, a bundle written)."""
+    import signal
+
+    from bundle_contract.files import building, write_bytes_atomic
+
+    def body(write) -> int:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass  # what TensorFlow's dispatcher does with it
+        write()
+        return 0
+
+    def bundle():
+        with building(tmp_path / "bundle") as staging:
+            (staging / "model.tflite").write_bytes(b"x")
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for write in (bundle, lambda: write_bytes_atomic(tmp_path / "report.json", b"{}")):
+            assert run_main("prog", lambda write=write: body(write)) == 130
+            assert capsys.readouterr().err == "prog: interrupted\n"
+            assert list(tmp_path.iterdir()) == []
+        assert run_main("prog", lambda: (bundle(), 0)[1]) == 0  # the next command is not
+        assert [p.name for p in tmp_path.iterdir()] == ["bundle"]
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_building_replaces_the_target_or_leaves_nothing(tmp_path):
     from bundle_contract.files import building
 
