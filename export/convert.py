@@ -226,10 +226,6 @@ def _convert_one(
     calibration: np.ndarray | None,
     pad_id: int | None = None,
 ) -> bytes:
-    from keras_mha.quiet_tensorflow import (
-        captured_output,  # not at the top: the package stays light
-    )
-
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; expected one of {MODES}.")
     if mode == "int16x8" and token_ids(calibration):
@@ -273,6 +269,15 @@ def _convert_one(
         if np.issubdtype(samples.dtype, np.floating):
             converter.inference_input_type = io_type  # token ids stay int32
         converter.inference_output_type = io_type
+    return run_converter(converter)
+
+
+def run_converter(converter) -> bytes:
+    """`converter.convert()`, its output captured; ConversionError (one line) if it fails."""
+    from keras_mha.quiet_tensorflow import (
+        captured_output,  # not at the top: the package stays light
+    )
+
     captured: list[str] = []
     try:
         with captured_output() as captured:

@@ -6,7 +6,7 @@ starts a Python child importing TensorFlow, JAX or PyTorch: `make test-fast`
 (-m "not slow") trains no run, exports and converts nothing, and starts no
 such child but the tiny BERT's reference in the torch venv (the oracle the
 import is checked against, one server process for all of them). Goal: at
-most 180 s on 2 cores; measured 102 s on an AMD EPYC (README,
+most 180 s on 2 cores; measured 102 to 153 s on an AMD EPYC (README,
 docs/development.md). A test that make test's table also counts on a line of
 its own (tests/summary.py's part_of: browser, tflite-runtime, TFLite Micro,
 layer tests) carries that line's name as the junit property `part`.
