@@ -36,8 +36,10 @@ def cache_shape(config, context: int) -> tuple[int, ...]:
 
 def cache_bytes_per_token(config, key_value_heads: int | None = None) -> int:
     """float32 bytes the cache holds a token (`key_value_heads`: another h_kv, for comparison)."""
+    from keras_mha.decoder.heads import cache_bytes_per_token as per_token
+
     heads = config.num_key_value_heads if key_value_heads is None else key_value_heads
-    return config.num_hidden_layers * 2 * heads * config.head_dim * 4
+    return per_token(config, config.num_hidden_layers * heads)
 
 
 def check_sizes(config, context: int, prefill: int) -> None:

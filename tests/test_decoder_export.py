@@ -135,13 +135,12 @@ def test_what_the_device_refuses_is_one_line(decoder, converted):
 
 
 @pytest.mark.slow
-def test_a_file_without_a_decode_signature_is_refused(decoder, tmp_path):
+def test_a_file_without_a_decode_signature_is_refused():
     """An ordinary one-signature file given as a language model: one line, naming what is missing."""
     import keras
     import tensorflow as tf
 
     from bundle_contract.errors import UsageError
-    from keras_mha_export.convert import write_saved_model  # noqa: F401  (the package imports)
 
     inputs = keras.Input((4,), batch_size=1)
     model = keras.Model(inputs, keras.layers.Dense(2)(inputs))

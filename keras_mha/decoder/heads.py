@@ -128,9 +128,10 @@ def group_importance(lm, scores: np.ndarray) -> np.ndarray:
     return scores.reshape(c.num_hidden_layers, c.num_key_value_heads, -1).sum(-1)
 
 
-def cache_bytes_per_token(lm, groups_kept: int, itemsize: int = 4) -> int:
-    """The KV cache's bytes a token, for `groups_kept` key/value heads over all layers."""
-    return 2 * groups_kept * lm.config.head_dim * itemsize
+def cache_bytes_per_token(config, groups_kept: int, itemsize: int = 4) -> int:
+    """The KV cache's bytes a token, for `groups_kept` key/value heads over all layers
+    (`config`: a DecoderConfig): keys and values, head_dim floats each."""
+    return 2 * groups_kept * config.head_dim * itemsize
 
 
 def prune_curve(lm, text: EvalText, scores: np.ndarray, unit: str, counts) -> list[dict]:
@@ -164,6 +165,6 @@ def prune_curve(lm, text: EvalText, scores: np.ndarray, unit: str, counts) -> li
             "groups_left": groups_kept,
             "agreement": float((top == full_top).mean()),
             "perplexity": float(np.exp(nll.mean())),
-            "cache_bytes_per_token": cache_bytes_per_token(lm, groups_kept),
+            "cache_bytes_per_token": cache_bytes_per_token(lm.config, groups_kept),
         })  # fmt: skip
     return rows
