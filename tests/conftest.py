@@ -103,8 +103,8 @@ def pytest_collection_finish(session):
     gc.collect() once a model (0.2 s each here), and Python's own collections
     ran as often. gc.freeze() moves what exists now out of the collector's
     sight (nothing frozen is garbage: it stays until exit anyway); what tests
-    create is collected as before. tests/test_export_verify.py: 63 s to 44 s,
-    its gc.collect() calls 16 s to 3 s (AMD EPYC). Keras (with its backend) and
+    create is collected as before. tests/test_export_verify.py: 63 s to 52 s,
+    its gc.collect() calls 16 s to 3.3 s (AMD EPYC). Keras (with its backend) and
     Hypothesis are imported first, where installed: nearly every test process
     imports them, and Hypothesis, imported after a freeze, warns about trio's
     random generator (its check cannot see frozen referrers)."""
