@@ -104,7 +104,8 @@ def read_model(root: pathlib.Path, entry: ModelEntry) -> bytes:
         raise UsageError(
             f"size {size} bytes, manifest.json says {entry.bytes}: truncated or replaced", path
         )
-    data = read_inside(root, entry.file, entry.sha256)  # nothing parsed before its checksum
+    # nothing parsed before its checksum; the size is the manifest's (its task's bound)
+    data = read_inside(root, entry.file, entry.sha256, max_bytes=entry.bytes)
     problem = tflite_problem(data) or index_problem(data)
     if problem:
         raise UsageError(problem, path)
@@ -142,10 +143,10 @@ def load_eval(root: pathlib.Path, spec: EvalSpec, pad_id: int = 0) -> EvalData:
         )
     if x.dtype.name != spec.x_dtype:
         raise UsageError(f"x has dtype {x.dtype.name}, manifest.json says {spec.x_dtype}", path)
-    outputs = arrays[task.output]
-    if outputs.ndim != 2 or outputs.shape[1:] != (spec.num_classes,):
+    outputs, shape = arrays[task.output], task.output_shape(spec)
+    if outputs.shape[1:] != shape[1:]:
         raise UsageError(
-            f"{task.output} must be float of shape [{spec.samples}, {spec.num_classes}], "
+            f"{task.output} must be float of shape {list(shape)}, "
             f"got {outputs.dtype.name} {list(outputs.shape)}",
             path,
         )

@@ -177,18 +177,6 @@ class ModelEntry:
             raise fields.fail(f"models.{mode}", f"must be an object, got {kind(entry)}")
         inp = TensorSpec.from_json(fields, entry, "input", prefix)
         out = TensorSpec.from_json(fields, entry, "output", prefix)
-        if inp.shape[0] != 1 or inp.shape[1:] != evaluation.x_shape[1:]:
-            raise fields.fail(
-                prefix + "input.shape",
-                f"must be [1, {', '.join(map(str, evaluation.x_shape[1:]))}] "
-                f"(batch 1, eval.x_shape), got {list(inp.shape)}",
-            )
-        if out.shape != (1, evaluation.num_classes):
-            raise fields.fail(
-                prefix + "output.shape",
-                f"must be [1, {evaluation.num_classes}] (batch 1, eval.num_classes), "
-                f"got {list(out.shape)}",
-            )
         dynamic_length = fields.optional(entry, "dynamic_length", bool, prefix) or False
         if dynamic_length and len(inp.shape) != 2:
             raise fields.fail(

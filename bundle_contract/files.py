@@ -31,9 +31,13 @@ from typing import IO, Any
 from .errors import UsageError, raise_if_interrupted
 
 TFLITE_IDENTIFIER = b"TFL3"
-# The most a bundle file is read into memory for (a model, an npz): a device
-# app's whole budget is 512 MB; JSON files have their own, smaller caps.
-MAX_FILE_BYTES = 256 * 1024 * 1024
+# The most a bundle file is read into memory for (a model, an npz), unless its
+# reader asks for more: a classifier's device app has 512 MB in all; JSON files
+# have their own, smaller caps. A task's model may be larger (`Task.max_model_bytes`:
+# a language model's), never past `MAX_FILE_BYTES`, a flatbuffer's own limit
+# (its offsets are 32-bit).
+DEFAULT_FILE_BYTES = 256 * 1024 * 1024
+MAX_FILE_BYTES = 2**31 - 1
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
@@ -358,7 +362,7 @@ def read_inside(
     root: pathlib.Path,
     name: str,
     sha256: str | None = None,
-    max_bytes: int = MAX_FILE_BYTES,
+    max_bytes: int = DEFAULT_FILE_BYTES,
 ) -> bytes:
     """The bytes of bundle file `name`, checked by `inside`, its size, and `sha256`.
 

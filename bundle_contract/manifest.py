@@ -66,6 +66,9 @@ class Manifest:
     pad_id: int = 0  # the id that pads x and that the model masks (RoBERTa's <pad>: 1)
     # Optional: the best coreference head (keras-mha-heads coref), written only when set.
     coref_head: CorefHead | None = None
+    # The task's own settings, as its module reads and writes them (`read_files`,
+    # `files_json`): a language model's `generation` (tasks/language_model.py).
+    settings: object = None
 
     @property
     def task(self) -> Task:
@@ -215,6 +218,19 @@ def _parse(data: object, where: str | os.PathLike) -> Manifest:
                 "'_', '.' or '-'",
             )
     entries = {m: ModelEntry.from_json(fields, m, e, evaluation) for m, e in models.items()}
+    for mode, entry in entries.items():  # its size and tensors, as the task's model has them
+        for field, size in (("bytes", entry.bytes),
+                            ("deploy.bytes", 0 if entry.deploy is None else entry.deploy.bytes)):  # fmt: skip
+            if size > task.max_model_bytes:
+                raise fields.fail(
+                    f"models.{mode}.{field}",
+                    f"is {size}; a model of task {task.name!r} has at most "
+                    f"{task.max_model_bytes} bytes",
+                )
+        task.check_entry(
+            fields, f"models.{mode}.", entry.input, entry.output, entry.signatures, evaluation
+        )
+    task.check_models(fields, entries, own)
     coref_head = None
     if data.get("coref_head") is not None:
         coref_head = CorefHead.from_json(fields, data, "coref_head")

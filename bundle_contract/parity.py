@@ -23,6 +23,8 @@ import numpy as np
 from .fields import Fields, lenient_figures
 
 EMBEDDING_FIGURES = ("min_cosine", "mean_cosine", "top1", "top5")
+# A language model's figures (tasks/language_model.py, `measure_language`).
+LANGUAGE_FIGURES = ("decided_agreement", "perplexity_ratio", "greedy_prefix")
 _EPS = 1e-9  # slack when comparing ratios of sample counts: 351/360 meets 0.975
 
 
@@ -44,10 +46,18 @@ class Parity:
     mean_cosine: float = math.nan
     top1: float = math.nan  # share of sentences whose nearest other sentence is the float's
     top5: float = math.nan  # share whose float nearest neighbour is among the mode's 5 nearest
+    # A language model (`task "language-model"`): `agreement` is the next-token
+    # top-1 agreement over every scored position, the |Δ| figures are over each
+    # position's NLL of the eval text's next token, and these are set.
+    decided_agreement: float = math.nan  # top-1 agreement where the float model is decided
+    perplexity_ratio: float = math.nan  # the mode's eval-text perplexity / the float model's
+    greedy_prefix: float = math.nan  # mean share of the float greedy tokens repeated first
 
     def to_json(self) -> dict:
         data = {k: (v if math.isfinite(v) else None) for k, v in dataclasses.asdict(self).items()}
-        for name in EMBEDDING_FIGURES:  # a classifier's entry stays as format 1 wrote it
+        for name in (
+            EMBEDDING_FIGURES + LANGUAGE_FIGURES
+        ):  # a classifier's stays as format 1 wrote it
             if data[name] is None:
                 del data[name]
         return data
@@ -109,6 +119,9 @@ class Thresholds:
     min_cosine: float | None = None  # embeddings (`measure_embeddings`)
     min_mean_cosine: float | None = None
     min_top5: float | None = None
+    min_decided_agreement: float | None = None  # a language model's (`measure_language`)
+    max_perplexity_ratio: float | None = None
+    min_greedy_prefix: float | None = None
 
     def to_json(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -131,32 +144,32 @@ class Thresholds:
                     f"accuracy {parity.accuracy:.4f} is {drop:.4f} below the float "
                     f"{float_accuracy:.4f} (> {self.max_accuracy_drop:.4f})"
                 )
-        for name, value, label in (
-            ("min_cosine", parity.min_cosine, "min cosine"),
-            ("min_mean_cosine", parity.mean_cosine, "mean cosine"),
-            ("min_top5", parity.top5, "top-5 neighbour agreement"),
-        ):
+        for name, value, label, fmt in (
+            ("min_cosine", parity.min_cosine, "min cosine", ".6f"),
+            ("min_mean_cosine", parity.mean_cosine, "mean cosine", ".6f"),
+            ("min_top5", parity.top5, "top-5 neighbour agreement", ".6f"),
+            ("min_decided_agreement", parity.decided_agreement, "decided next-token agreement",
+             ".4f"),
+            ("min_greedy_prefix", parity.greedy_prefix, "greedy prefix", ".4f"),
+        ):  # fmt: skip
             bound = getattr(self, name)
             if bound is not None and not value >= bound - _EPS:
-                found.append(f"{label} {value:.6f} < {bound:.6f}")
+                found.append(f"{label} {format(value, fmt)} < {format(bound, fmt)}")
+        ratio = self.max_perplexity_ratio
+        if ratio is not None and not parity.perplexity_ratio <= ratio + _EPS:
+            found.append(f"perplexity ratio {parity.perplexity_ratio:.5f} > {ratio:.5f}")
         return found
 
     def describe(self) -> str:
         """A short table cell: `agree≥0.975, drop≤0.025`."""
-        parts = []
-        if self.max_abs_diff is not None:
-            parts.append(f"|Δp|≤{self.max_abs_diff:.0e}")
         # Four significant digits: 1,500 samples allow 25 changes, 0.983333.
-        if self.min_agreement is not None:
-            parts.append(f"agree≥{self.min_agreement:.4g}")
-        if self.max_accuracy_drop is not None:
-            parts.append(f"drop≤{self.max_accuracy_drop:.4g}")
-        if self.min_cosine is not None:
-            parts.append(f"cos≥{self.min_cosine:.6g}")
-        if self.min_mean_cosine is not None:
-            parts.append(f"mean cos≥{self.min_mean_cosine:.6g}")
-        if self.min_top5 is not None:
-            parts.append(f"top5≥{self.min_top5:.4g}")
+        cells = (("|Δp|≤", self.max_abs_diff, ".0e"), ("agree≥", self.min_agreement, ".4g"),
+                 ("drop≤", self.max_accuracy_drop, ".4g"), ("cos≥", self.min_cosine, ".6g"),
+                 ("mean cos≥", self.min_mean_cosine, ".6g"), ("top5≥", self.min_top5, ".4g"),
+                 ("decided≥", self.min_decided_agreement, ".4g"),
+                 ("ppl×≤", self.max_perplexity_ratio, ".4g"),
+                 ("greedy≥", self.min_greedy_prefix, ".4g"))  # fmt: skip
+        parts = [f"{label}{format(bound, fmt)}" for label, bound, fmt in cells if bound is not None]
         return ", ".join(parts)
 
 

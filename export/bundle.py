@@ -37,7 +37,6 @@ import dataclasses
 import datetime
 import os
 import pathlib
-import platform
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -47,11 +46,12 @@ from bundle_contract.attention import AttentionReference
 from bundle_contract.bundle import add_file, open_bundle
 from bundle_contract.entries import EvalSpec, FileRef, ModeFailure, ModelEntry
 from bundle_contract.errors import UsageError
-from bundle_contract.files import building, check_writable, sha256_file
+from bundle_contract.files import building, sha256_file
 from bundle_contract.manifest import MODES, Manifest
 from bundle_contract.npu import NpuReport
 
 from . import verify
+from .common import ExportFailed, check_target, tool_versions
 from .convert import attention_weights, saved_models, token_ids
 from .devices import add_devices
 from .entry import convert_mode, judge
@@ -60,22 +60,10 @@ from .npu import Accelerator, compile_for, compiled_name, npu_request, require_v
 from .source import Source, SourcePaths, check_length, load_source, run_files
 from .summary import mode_line
 
-TOOL = "keras-mha-export"
 # Newton steps on every LayerNorm's inverse std in the int16x8 graph of a
 # token-id model (keras_mha.layers.newton_refined; docs/quantization.md):
 # MiniLM's worst attention row moves 0.247 with none, 0.066 with two.
 INT16_NEWTON_STEPS = 2
-
-
-class ExportFailed(Exception):
-    """No requested mode passed verification, so no bundle was written.
-
-    `manifest` holds what was measured (`failed` says why each mode failed).
-    """
-
-    def __init__(self, message: str, manifest: Manifest):
-        super().__init__(message)
-        self.manifest = manifest
 
 
 def parse_modes(modes: str | Iterable[str]) -> tuple[str, ...]:
@@ -101,51 +89,6 @@ def names_modes(modes: str | Iterable[str]) -> bool:
     return "all" not in [str(name).strip() for name in names]
 
 
-def _is_within(path: pathlib.Path, directory: pathlib.Path) -> bool:
-    path, directory = path.resolve(), directory.resolve()
-    return path == directory or directory in path.parents
-
-
-def check_target(out: pathlib.Path, overwrite: bool, files: dict[str, pathlib.Path]) -> None:
-    """Refuse an unwritable `out`, a file, a non-empty directory (unless `overwrite`),
-    or a directory holding the source files."""
-    check_writable(out, "--out")
-    if out.exists() and not out.is_dir():
-        raise UsageError("exists and is not a directory", f"--out {out}")
-    for role, path in files.items():
-        if _is_within(path, out):
-            raise UsageError(f"holds the {role} file {path}; choose another --out", f"--out {out}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UsageError("exists and is not empty (use --overwrite)", f"--out {out}")
-
-
-def _versions(quantizer: bool = False) -> dict[str, str]:
-    """The tools that made the bundle; `quantizer`: ai-edge-quantizer made a model."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    import keras_mha
-
-    versions = {
-        "keras_mha": keras_mha.__version__,
-        "tensorflow": tf.__version__,
-        "keras": keras.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "tool": TOOL,
-    }
-    from importlib.metadata import version
-
-    try:
-        versions["ai_edge_litert"] = version("ai-edge-litert")
-    except Exception:  # not installed: verification fell back to TensorFlow
-        pass
-    if quantizer:
-        versions["ai_edge_quantizer"] = version("ai-edge-quantizer")
-    return versions
-
-
 def export_bundle(
     source: str | os.PathLike | SourcePaths,
     out: str | os.PathLike | None = None,
@@ -157,6 +100,8 @@ def export_bundle(
     import_modules: Sequence[str] = (),
     npu: str | Sequence[str] | None = None,
     length: int | None = None,
+    context: int | None = None,
+    prefill: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Convert, verify and bundle a model; return the manifest written.
@@ -180,6 +125,9 @@ def export_bundle(
             this fixed sequence length: eval and calibration ids padded to
             it, every file `(1, length)` (`source.at_length`); what an NPU
             and TFLite Micro need. None: as the model is.
+        context, prefill: a language model's run (its task generates): the
+            positions its file's cache holds and the prompt tokens a prefill
+            call takes (export/decoder_bundle.py); refused for any other run.
         log: called with progress lines (nothing is printed otherwise).
 
     Returns:
@@ -190,6 +138,19 @@ def export_bundle(
         ExportFailed: no model is left to bundle; nothing is written.
     """
     log = log or (lambda line: None)
+    if not isinstance(source, SourcePaths) and _generates(source):  # a language model's run
+        for flag, given in (("--length", length is not None), ("--npu", bool(npu)),
+                            ("--dataset", dataset), ("--import-module", import_modules)):  # fmt: skip
+            if given:
+                raise UsageError("does not apply to a language model's run", flag)
+        from .decoder_bundle import export_language_model
+
+        return export_language_model(source, out, modes, context=context, prefill=prefill,
+                                     overwrite=overwrite,
+                                     allow_parity_failure=allow_parity_failure, log=log)  # fmt: skip
+    for flag, given in (("--context", context), ("--prefill", prefill)):
+        if given is not None:
+            raise UsageError("applies to a language model's run (keras-mha-import)", flag)
     started = time.perf_counter()
     selected = parse_modes(modes)
     if length is not None:
@@ -217,6 +178,13 @@ def export_bundle(
         final.write(staging)  # 6. the manifest of what passed; renamed into place on return
         open_bundle(staging)  # the bundle as written reads back on the device
     return final
+
+
+def _generates(source) -> bool:
+    """Whether the run directory `source` is of a task whose file generates."""
+    from keras_mha.rundir.tasks import task_of
+
+    return pathlib.Path(source).is_dir() and task_of(source).generates
 
 
 def _target(source, out, overwrite: bool) -> pathlib.Path:
@@ -285,7 +253,7 @@ class _Draft:
             max_length=loaded.max_length,
             pad_id=loaded.pad_id,
             models=models,
-            created_by=_versions("int16x8" in models and token_ids(loaded.calibration)),
+            created_by=tool_versions("int16x8" in models and token_ids(loaded.calibration)),
             created_at=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             source_model=FileRef(loaded.files["model"].name, sha256_file(loaded.files["model"])),
             dataset=self.dataset,

@@ -78,6 +78,19 @@ def build_parser() -> argparse.ArgumentParser:
         "sentences are cut at L on the device)",
     )
     parser.add_argument(
+        "--context",
+        type=int,
+        metavar="S",
+        help="a language model's run: the positions its file's KV cache holds, prompt and "
+        "answer together (default: 256, or the model's own limit if smaller)",
+    )
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        metavar="P",
+        help="a language model's run: prompt tokens one prefill call takes (default 16)",
+    )
+    parser.add_argument(
         "--allow-parity-failure",
         action="store_true",
         help="exit 0 and keep models that fail verification (marked unverified), "
@@ -168,6 +181,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             import_modules=tuple(args.import_module),
             npu=args.npu,
             length=args.length,
+            context=args.context,
+            prefill=args.prefill,
             log=log,
         )
     except ExportFailed as error:

@@ -1,6 +1,6 @@
 """A language model (keras_mha.decoder) as a TFLite file with its KV cache outside.
 
-    prefill(ids (1, P) int32, cache (L, 2, 1, S, h_kv, d) float32, index () int32)
+    prefill(ids (1, P) int32, cache (L, 2, 1, S, h_kv, d) float32, index (1,) int32)
         -> logits (1, P, V) float32, cache
     decode (ids (1, 1) int32, cache, index) -> logits (1, 1, V), cache
 
@@ -66,11 +66,11 @@ def write_decoder_saved_model(model, directory, context: int, prefill: int = PRE
 
     def step(ids, cache, index):
         caches = [(cache[i, 0], cache[i, 1]) for i in range(layers)]
-        logits, caches = model.step(ids, caches, index)
+        logits, caches = model.step(ids, caches, index[0])
         return {"logits": logits, "cache": tf.stack([tf.stack(kv) for kv in caches])}
 
     cache = tf.TensorSpec(cache_shape(config, context), tf.float32, name="cache")
-    index = tf.TensorSpec((), tf.int32, name="index")
+    index = tf.TensorSpec((1,), tf.int32, name="index")  # (1,): a manifest shape has an axis
     archive = keras.export.ExportArchive()
     archive.track(model)
     for name, length in (("prefill", prefill), ("decode", 1)):

@@ -54,10 +54,13 @@ def _figures(manifest: Manifest) -> tuple[Column, ...]:
 def summary_table(manifest: Manifest) -> str:
     """Mode, bytes, size vs float32, ops, the task's figures, attention, verified."""
     figures_of = _figures(manifest)
-    header = (
-        "mode", "bytes", "vs float32", "ops", *(c.header for c in figures_of),
-        "attn max|Δ|", "attn tail", "attn agree", "verified",
-    )  # fmt: skip
+    # attention columns where a mode has a view (a language model's file has none)
+    viewed = manifest.attention is not None or any(
+        e.attention is not None for e in manifest.models.values()
+    )
+    attention = ("attn max|Δ|", "attn tail", "attn agree") if viewed else ()
+    header = ("mode", "bytes", "vs float32", "ops", *(c.header for c in figures_of),
+              *attention, "verified")  # fmt: skip
     rows = [header]
     models, failed = manifest.models, manifest.failed
     base = models.get("float32") or failed.get("float32")
@@ -76,7 +79,7 @@ def summary_table(manifest: Manifest) -> str:
                 f"{entry.bytes / float32_bytes:.2f}x" if float32_bytes else "-",
                 str(ops),
                 *(format(getattr(figures, c.field), c.fmt) for c in figures_of),
-                *_attention_cells(entry),
+                *(_attention_cells(entry) if viewed else ()),
                 _verified_cell(manifest, mode, entry),
             )
         )

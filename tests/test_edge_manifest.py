@@ -11,11 +11,12 @@ from edge_bundle import REPO, example_manifest
 from bundle_contract.attention import CorefHead
 from bundle_contract.attention_parity import DEFAULT_THRESHOLDS as ATTENTION_THRESHOLDS
 from bundle_contract.bundle import select_modes
-from bundle_contract.entries import ModelEntry, Signature
+from bundle_contract.entries import EvalSpec, ModelEntry, Signature
 from bundle_contract.errors import UsageError
 from bundle_contract.fields import Fields
 from bundle_contract.manifest import MODES, Manifest
 from bundle_contract.parity import default_thresholds
+from bundle_contract.tasks.language_model import Generation
 from bundle_contract.tensors import TensorSpec
 from bundle_contract.vocab import Vocab
 
@@ -37,6 +38,7 @@ def test_docs_examples_are_what_the_code_reads_and_writes():
         "thresholds",
         "attention_thresholds",
         "coref_head",
+        "generation",
     }
     manifest = Manifest.from_json(examples["manifest"], "docs/artifacts.md")
     # Written back, the example is unchanged: the doc lists exactly the writer's fields.
@@ -60,6 +62,13 @@ def test_docs_examples_are_what_the_code_reads_and_writes():
     coref = CorefHead.from_json(Fields("docs/artifacts.md"), {"coref_head": examples["coref_head"]})
     assert coref == CorefHead(3, 1, 0.702, (0.662, 0.742), 500)
     assert coref.to_json() == examples["coref_head"]
+    # A language model's `generation` entry, as the doc shows it (the test model's).
+    generation = Generation.from_json(
+        Fields("docs/artifacts.md"), {"generation": examples["generation"]},
+        EvalSpec("eval.npz", "0" * 64, 58, (58, 127), "int32", 257, None, "language-model"),
+    )  # fmt: skip
+    assert generation.to_json() == examples["generation"]
+    assert generation.cache_bytes_per_token * 2 == generation.cache_bytes_per_token_all_heads
     assert coref.caption() == (
         "layer 3 head 1: the best coreference head, 0.702 (0.662-0.742) of 500 generated "
         "pronoun sentences, keras-mha-heads coref"
@@ -259,3 +268,19 @@ def test_select_modes_order_subset_and_unknown():
         select_modes(manifest, "float16")
     with pytest.raises(UsageError, match="no mode given"):
         select_modes(manifest, ",")
+
+
+def test_a_model_larger_than_its_task_allows_is_refused_before_it_is_read():
+    """A classifier's file is at most 256 MiB (its device's budget); a language model's
+    may be larger (SmolLM2's float32 file is 652 MB), up to a flatbuffer's 2 GiB."""
+    from bundle_contract.files import DEFAULT_FILE_BYTES, MAX_FILE_BYTES
+    from bundle_contract.tasks import get
+
+    data = example_manifest().to_json()
+    data["models"]["int8"]["bytes"] = DEFAULT_FILE_BYTES + 1
+    with pytest.raises(UsageError, match=r"'models.int8.bytes' is 268435457; a model of task "
+                       r"'classification' has at most 268435456 bytes"):  # fmt: skip
+        Manifest.from_json(data)
+    data["models"]["int8"]["bytes"] = DEFAULT_FILE_BYTES
+    assert Manifest.from_json(data).models["int8"].bytes == DEFAULT_FILE_BYTES
+    assert get("language-model").max_model_bytes == MAX_FILE_BYTES == 2**31 - 1

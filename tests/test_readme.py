@@ -54,8 +54,14 @@ NOT_RUN = {
     ),
     "make test": "is CI itself: it runs this test",
     "make llm": (
-        "imports the real SmolLM2 (98 MB) and compares it with transformers on three "
-        "backends: tests/test_decoder.py's smollm2 tests, which make test runs, do the same"
+        "imports the real SmolLM2 (98 MB), compares it with transformers on three "
+        "backends (tests/test_decoder.py's smollm2 tests, which make test runs, do the "
+        "same) and exports its bundle (tests/test_decoder_bundle.py: a small one)"
+    ),
+    ".venv-edge/bin/python -m edge_demo runs/smollm2/bundle --chat "
+    "'What is multi-head attention?' --quant dynamic": (
+        "reads the SmolLM2 bundle make llm writes; tests/test_decoder_bundle.py exports a "
+        "small language model's bundle and runs --chat and --generate on it"
     ),
     ".venv/bin/keras-mha-generate runs/smollm2 'What is multi-head attention?' --chat": (
         "reads the SmolLM2 run make llm writes; tests/test_decoder_gguf.py runs "

@@ -28,9 +28,12 @@ def test_every_task_implements_the_interface(name):
         assert getattr(type(task), method) is not getattr(tasks.Task, method), (name, method)
     for attribute in ATTRIBUTES:
         assert hasattr(task, attribute), (name, attribute)
-    # its summary and device columns name figures a Parity has
+    # export's summary names figures a Parity has; the device's table, a mode's result's
+    from edge_demo.runtimes.score import ModeResult
+
     fields = {f.name for f in dataclasses.fields(Parity)}
-    assert {c.field for c in (*task.summary, *task.columns)} <= fields
+    assert {c.field for c in task.summary} <= fields
+    assert {c.field for c in task.columns} <= {f.name for f in dataclasses.fields(ModeResult)}
 
 
 def test_each_task_names_device_commands_the_app_has():

@@ -8,6 +8,9 @@
                        sentences, no labelled eval data; agreement with the float model
     pair_scoring.py    a cross-encoder (reranker): one score per (query, passage);
                        ranking agreement with the float model
+    language_model.py  a decoder: next-token logits over a KV cache (prefill and decode);
+                       next-token agreement, perplexity and greedy tokens against
+                       the float model
     text.py            what the sentence tasks share: texts.json, tokenizer.json
 
 A task's module holds everything of it: its eval arrays and their checks, its
@@ -18,7 +21,13 @@ Importing this package imports the modules above, which register their tasks
 
 from __future__ import annotations
 
-from . import classification, embedding, pair_scoring, text_classification  # noqa: F401
+from . import (  # noqa: F401
+    classification,
+    embedding,
+    language_model,
+    pair_scoring,
+    text_classification,
+)
 from .base import Column, Task
 from .registry import DEFAULT_NAME, TASKS, get, register, unregister
 

@@ -37,6 +37,7 @@ import numpy as np
 from ..arrays import EvalData
 from ..entries import EvalSpec
 from ..fields import Fields
+from ..files import DEFAULT_FILE_BYTES
 from ..parity import Parity, Thresholds
 
 
@@ -60,6 +61,10 @@ class Task:
     labelled: ClassVar[bool]
     classes: ClassVar[bool]  # the output is class probabilities; the bundle has labels.json
     search: ClassVar[bool] = False  # the device answers an input with its nearest eval inputs
+    # The file generates: prefill and decode signatures over a KV cache the device
+    # carries (edge_demo/runtimes/generate.py scores it, export/decoder_bundle.py
+    # writes it); the manifest's `settings` say how to drive it.
+    generates: ClassVar[bool] = False
     # The device's commands for one input besides the parity run: its flag -> what
     # the app does (edge_demo/app/cli.py `ACTIONS`: "predict", "search", "embed",
     # "score", "rank"). The app takes no other flag for a bundle of this task.
@@ -71,6 +76,7 @@ class Task:
     # built on one): export's remedy for a left-out int8 or int16x8 names it
     rescalable: ClassVar[bool] = False
     dynamic_length: ClassVar[bool] = False  # each input runs at its own length (no TFLM file)
+    max_model_bytes: ClassVar[int] = DEFAULT_FILE_BYTES  # a mode's file at most
     attention_samples: ClassVar[int]  # eval samples attention.npz holds
     max_samples: ClassVar[int | None] = None  # eval samples at most, if the task bounds them
     min_outputs: ClassVar[int] = 2  # eval.num_classes at least: classes, dimensions (a score: 1)
@@ -85,6 +91,32 @@ class Task:
             "x": math.prod(spec.x_shape) * _itemsize(spec.x_dtype),
             self.output: spec.samples * spec.num_classes * 8,
         }
+
+    def output_shape(self, spec: EvalSpec) -> tuple[int, ...]:
+        """The shape of eval.npz's `output` array: a row of `num_classes` a sample."""
+        return (spec.samples, spec.num_classes)
+
+    def check_entry(
+        self, fields: Fields, prefix: str, inp, out, signatures: dict, evaluation: EvalSpec
+    ) -> None:
+        """A `models.<mode>` entry's tensors (`TensorSpec` in and out, its other
+        `Signature`s) against eval: batch 1, eval.x_shape in, a row of
+        eval.num_classes out (`fields.fail` names the field)."""
+        if inp.shape[0] != 1 or inp.shape[1:] != evaluation.x_shape[1:]:
+            raise fields.fail(
+                prefix + "input.shape",
+                f"must be [1, {', '.join(map(str, evaluation.x_shape[1:]))}] "
+                f"(batch 1, eval.x_shape), got {list(inp.shape)}",
+            )
+        if out.shape != (1, evaluation.num_classes):
+            raise fields.fail(
+                prefix + "output.shape",
+                f"must be [1, {evaluation.num_classes}] (batch 1, eval.num_classes), "
+                f"got {list(out.shape)}",
+            )
+
+    def check_models(self, fields: Fields, entries: dict, own: dict) -> None:
+        """Every mode's entry against the task's own manifest fields (`read_files`' `own`)."""
 
     def check_eval(
         self, arrays: dict[str, np.ndarray], where: str | os.PathLike, pad_id: int = 0

@@ -161,6 +161,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="cross-encoder bundles: the lines of FILE.txt best first for QUERY, with their "
         "scores (mode: --quant MODE, default the first runnable)",
     )
+    what.add_argument(
+        "--generate",
+        metavar='"PROMPT"',
+        help="language model bundles: continue the prompt greedily, streaming the tokens, "
+        "then tokens/s (mode: --quant MODE, default the first runnable)",
+    )
+    what.add_argument(
+        "--chat",
+        metavar='"MESSAGE"',
+        help="language model bundles: answer the message in the model's chat template, "
+        "stopping at its end token",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int_in(1, 4096),
+        default=32,
+        metavar="N",
+        help="with --generate or --chat: at most N new tokens (default 32)",
+    )
     parser.add_argument(
         "--out", type=pathlib.Path, metavar="FILE.npy", help="with --embed: where to write"
     )
@@ -187,6 +206,7 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
     parser = build_parser()
     args = parser.parse_args(argv)
     one = args.sample is not None or args.text is not None or args.pair or args.rerank
+    one = one or args.generate is not None or args.chat is not None
     if args.json_path is not None and one:
         parser.error("--json applies to the parity run, not to --sample, --text or --pair")
     if args.raw is not None and (one or args.embed is not None or args.debug is not None):
@@ -228,6 +248,8 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
             parser.error(f"{flag} {problem}")
     for flag, texts in (
         ("--text", [args.text]),
+        ("--generate", [args.generate]),
+        ("--chat", [args.chat]),
         ("--pair", args.pair or []),
         ("--rerank", (args.rerank or [None])[:1]),
     ):
@@ -255,6 +277,9 @@ def parse_args(argv: list[str] | None = None) -> DemoOptions:
         out=args.out,
         pair=None if not args.pair else (args.pair[0], args.pair[1]),
         rerank=rerank,
+        generate=args.generate,
+        chat=args.chat,
+        max_new_tokens=args.max_new_tokens,
     )
 
 
@@ -301,6 +326,8 @@ def _command(options: DemoOptions) -> str | None:
         "--embed": options.embed is not None,
         "--pair": options.pair is not None,
         "--rerank": options.rerank is not None,
+        "--generate": options.generate is not None,
+        "--chat": options.chat is not None,
     }
     return next((flag for flag, on in given.items() if on), None)
 
@@ -339,6 +366,12 @@ def _rank(bundle, runtime, options: DemoOptions, plan) -> int:
     return run_rerank(bundle, runtime, options, plan)
 
 
+def _generate(bundle, runtime, options: DemoOptions, plan) -> int:
+    from .generate import run_generate
+
+    return run_generate(bundle, runtime, options, plan)
+
+
 # What the app does for each action a task names in `Task.commands`: (code, the input
 # run, tokens dropped) for one input, which --view may draw; or an exit code.
 ACTIONS = {
@@ -347,6 +380,8 @@ ACTIONS = {
     "embed": _embed,
     "score": _score,
     "rank": _rank,
+    "generate": _generate,
+    "chat": _generate,
 }
 
 

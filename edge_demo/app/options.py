@@ -26,3 +26,6 @@ class DemoOptions:
     out: pathlib.Path | None = None  # --out FILE.npy (with --embed)
     pair: tuple[str, str] | None = None  # --pair QUERY PASSAGE (cross-encoder bundles)
     rerank: tuple[str, pathlib.Path] | None = None  # --rerank QUERY FILE.txt
+    generate: str | None = None  # --generate PROMPT (language model bundles)
+    chat: str | None = None  # --chat MESSAGE: the prompt in the model's chat template
+    max_new_tokens: int = 32

@@ -39,13 +39,17 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
             plan[mode] = ModeResult(mode, "skipped", reason=f"{reason}: {why}" if why else reason)
             continue
         entry = runtime_entry(entry, runtime)  # TFLM: the deploy file
-        try:  # the first eval sample, as the manifest says the model takes it
-            sample = entry.input.quantize(bundle.eval.x[:1])
-        except ValueError as exc:
-            raise UsageError(f"models.{mode}.input: {exc}", bundle.path("manifest.json")) from None
+        sample = None  # a file that generates: zero ids, an empty cache (its signatures
+        if not bundle.task.generates:  # are checked against the manifest when it runs)
+            try:  # the first eval sample, as the manifest says the model takes it
+                sample = entry.input.quantize(bundle.eval.x[:1])
+            except ValueError as exc:
+                raise UsageError(
+                    f"models.{mode}.input: {exc}", bundle.path("manifest.json")
+                ) from None
         content = runtime_content(bundle, mode, runtime)
         probe = probe_model(runtime, content, bundle.path(entry.file), sample)
-        if probe.ok:
+        if probe.ok and sample is not None:
             probe.check_manifest(entry, bundle.path(entry.file))
         if probe.ok:
             plan[mode] = None

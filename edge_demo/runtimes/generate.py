@@ -21,10 +21,15 @@ Standard library, numpy and a TFLite runtime only.
 from __future__ import annotations
 
 import dataclasses
+import gc
+import math
+import time
 
 import numpy as np
 
 from bundle_contract.errors import UsageError
+
+from .runtime import load_interpreter
 
 SIGNATURES = ("prefill", "decode")
 
@@ -43,25 +48,33 @@ class CachedDecoder:
     """A decoder file's two signatures on one interpreter of `runtime`
     (`edge_demo.runtimes.runtime.Runtime`), the cache between calls its own."""
 
-    def __init__(self, runtime, content: bytes, num_threads: int | None = None):
-        self.interpreter = runtime.interpreter(model_content=content, num_threads=num_threads)
-        found = self.interpreter.get_signature_list()
+    def __init__(self, runtime, content: bytes, num_threads: int | None = None,
+                 where: str = "model"):  # fmt: skip
+        def ready(interpreter) -> dict:
+            found = interpreter.get_signature_list()
+            if all(name in found for name in SIGNATURES):
+                self.prefill = interpreter.get_signature_runner("prefill")
+                self.decode = interpreter.get_signature_runner("decode")
+                self._warm_up()  # the delegate is made on the first call
+            return found
+
+        self.interpreter, found, self.load_ms = load_interpreter(
+            runtime, content, num_threads, where, ready
+        )
         missing = [name for name in SIGNATURES if name not in found]
         if missing:
             raise UsageError(
                 f"has no {' or '.join(missing)} signature (found: {', '.join(found) or 'none'}); "
                 "a language model's file has prefill and decode",
-                "model",
+                where,
             )
-        self.prefill = self.interpreter.get_signature_runner("prefill")
-        self.decode = self.interpreter.get_signature_runner("decode")
         shapes = {}
         for name, runner in (("prefill", self.prefill), ("decode", self.decode)):
             details = runner.get_input_details()
             if set(details) != {"ids", "cache", "index"}:
                 raise UsageError(
                     f"its {name} signature takes {sorted(details)}, not ids, cache and index",
-                    "model",
+                    where,
                 )
             shapes[name] = {k: tuple(int(d) for d in v["shape"]) for k, v in details.items()}
         self.cache_shape = shapes["prefill"]["cache"]
@@ -69,16 +82,45 @@ class CachedDecoder:
             raise UsageError(
                 f"its caches disagree: prefill {shapes['prefill']['cache']}, "
                 f"decode {shapes['decode']['cache']} (expected the same (L, 2, 1, S, h_kv, d))",
-                "model",
+                where,
             )
         if shapes["decode"]["ids"] != (1, 1) or len(shapes["prefill"]["ids"]) != 2:
             raise UsageError(
                 f"its ids are {shapes['prefill']['ids']} (prefill) and "
                 f"{shapes['decode']['ids']} (decode), expected (1, P) and (1, 1)",
-                "model",
+                where,
             )
         self.chunk = shapes["prefill"]["ids"][1]  # P
         self.context = self.cache_shape[3]  # S
+        # Seconds in each kind of call and the tokens they took (tokens/s figures).
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self.tokens = {"prefill": 0, "decode": 0}
+
+    def _warm_up(self) -> None:
+        """One decode call of token 0 on an empty cache (part of loading, not timed)."""
+        details = self.decode.get_input_details()
+        self.decode(**{k: np.zeros(d["shape"], d["dtype"]) for k, d in details.items()})
+
+    def check_entry(self, entry, where) -> None:
+        """The file's signatures against its manifest entry (`models.<mode>.signatures`):
+        a UsageError naming `where` for a tensor whose shape or dtype differs."""
+        for name, runner in (("prefill", self.prefill), ("decode", self.decode)):
+            said = entry.signatures.get(name)
+            if said is None:
+                raise UsageError(f"manifest.json has no {name} signature for it", where)
+            found = {**runner.get_input_details(), **runner.get_output_details()}
+            for key, spec in {**said.inputs, **said.outputs}.items():
+                detail = found.get(key)
+                if detail is None:
+                    raise UsageError(f"its {name} signature has no tensor {key!r}", where)
+                shape = tuple(int(d) for d in detail["shape"])
+                dtype = np.dtype(detail["dtype"]).name
+                if shape != tuple(spec.shape) or dtype != spec.dtype:
+                    raise UsageError(
+                        f"its {name} signature's {key} is {dtype} {list(shape)} but manifest.json "
+                        f"says {spec.dtype} {list(spec.shape)}",
+                        where,
+                    )
 
     def empty_cache(self) -> np.ndarray:
         return np.zeros(self.cache_shape, np.float32)
@@ -86,7 +128,11 @@ class CachedDecoder:
     def _call(self, runner, ids: list[int], cache: np.ndarray, index: int, width: int):
         x = np.zeros((1, width), np.int32)
         x[0, : len(ids)] = ids
-        out = runner(ids=x, cache=cache, index=np.asarray(index, np.int32))
+        kind = "decode" if runner is self.decode else "prefill"
+        start = time.perf_counter()
+        out = runner(ids=x, cache=cache, index=np.asarray([index], np.int32))
+        self.seconds[kind] += time.perf_counter() - start
+        self.tokens[kind] += len(ids)
         return np.asarray(out["logits"][0, : len(ids)], np.float32), out["cache"]
 
     def feed(self, ids: list[int], cache: np.ndarray, index: int):
@@ -142,3 +188,73 @@ class CachedDecoder:
             logits, cache = self._call(self.decode, [token], cache, index, 1)
             scores = logits[0]
             index += 1
+
+    def tokens_per_second(self, kind: str) -> float:
+        """Tokens a second in `kind` ("prefill", "decode") calls so far (NaN: none)."""
+        seconds = self.seconds[kind]
+        return self.tokens[kind] / seconds if self.tokens[kind] and seconds > 0 else math.nan
+
+
+def next_token_figures(logits: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's top token and NLL of the next id in `ids` (the last's NLL: 0)."""
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_z = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
+    nll = np.zeros(len(logits))
+    following = np.asarray(ids[1:], np.int64)
+    nll[:-1] = log_z[:-1] - logits[np.arange(len(following)), following]
+    return logits.argmax(-1), nll
+
+
+def score_mode(bundle, mode: str, runtime, threads: int = 1, keep_raw: bool = False):
+    """One mode of a language model's bundle on the device (`score.run_mode` for a
+    task that `generates`): every eval sentence teacher-forced through the cache,
+    every prompt's greedy tokens; the task's figures, tokens/s, memory. `keep_raw`:
+    the result keeps each position's NLL of its next token, (N, T) float64 (the
+    logits themselves are N x T x V; equal logits give equal NLLs)."""
+    from bundle_contract.tasks.language_model import LanguageOutputs
+
+    from .result import ModeResult, PeakMemory
+
+    entry = bundle.manifest.models[mode]
+    evaluation, where = bundle.eval, bundle.path(entry.file)
+    content = bundle.model_bytes[mode]
+    gc.collect()
+    memory = PeakMemory()
+    decoder = CachedDecoder(runtime, content, threads, str(where))
+    decoder.check_entry(entry, where)
+    load_ms = decoder.load_ms
+    n, t = evaluation.x.shape
+    top1, nll = np.full((n, t), -1, np.int64), np.zeros((n, t))
+    greedy = np.zeros_like(evaluation.greedy)
+    try:
+        for row in range(n):
+            ids = evaluation.x[row, : int(evaluation.lengths[row])]
+            found = next_token_figures(decoder.logits(ids), ids)
+            top1[row, : len(ids)], nll[row, : len(ids)] = found
+        for row in range(len(greedy)):
+            made = decoder.greedy(evaluation.prompt(row), greedy.shape[1])
+            greedy[row] = made.new_ids
+    except (RuntimeError, ValueError) as exc:  # the runtime failed on a model it loaded
+        return ModeResult(mode, "failed", load_ms=load_ms, thresholds=entry.thresholds,
+                          failures=[f"{runtime.name} failed running it: {exc}"])  # fmt: skip
+    peak_mb, increase_mb = memory.peak_mb()
+    parity = bundle.task.measure(LanguageOutputs(top1, nll, greedy), evaluation)
+    failures = entry.thresholds.failures(parity, math.nan)
+    return ModeResult(
+        mode=mode,
+        status="failed" if failures else "passed",
+        **{f.name: getattr(parity, f.name) for f in dataclasses.fields(parity)},
+        prefill_tokens_per_s=round(decoder.tokens_per_second("prefill"), 1),
+        decode_tokens_per_s=round(decoder.tokens_per_second("decode"), 1),
+        load_ms=round(load_ms, 3),
+        peak_rss_mb=round(peak_mb, 1),
+        rss_increase_mb=round(increase_mb, 2) if math.isfinite(increase_mb) else math.nan,
+        memory_scope=memory.scope,
+        model_bytes=len(content),
+        samples=n,
+        timed_invocations=sum(decoder.tokens.values()),
+        thresholds=entry.thresholds,
+        failures=failures,
+        raw=nll if keep_raw else None,
+    )

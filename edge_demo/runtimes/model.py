@@ -20,7 +20,7 @@ from bundle_contract.entries import ModelEntry, Signature
 from bundle_contract.errors import UsageError
 from bundle_contract.tensors import TensorSpec
 
-from .runtime import Runtime, captured_stderr
+from .runtime import Runtime, load_interpreter
 
 
 class InferenceError(Exception):
@@ -108,20 +108,9 @@ class EdgeModel:
         self.runtime = runtime
         self.pad_id = int(pad_id)  # what pads a row: a dynamic-length model runs it cut off
         self.where = where
-        start = time.perf_counter()
-        with captured_stderr() as captured:
-            try:
-                interpreter = runtime.interpreter(model_content=content, num_threads=threads)
-                interpreter.allocate_tensors()
-            except Exception as exc:
-                error: Exception | None = exc
-            else:
-                error = None
-        if error is not None:
-            detail = " ".join(f"{error} {''.join(captured)}".split())[:300]
-            raise UsageError(f"{runtime.name} cannot load it ({detail})", where)
-        runtime.note_load("".join(captured))
-        self.load_ms = (time.perf_counter() - start) * 1e3
+        interpreter, _, self.load_ms = load_interpreter(
+            runtime, content, threads, where, lambda made: made.allocate_tensors()
+        )
         self.interpreter = interpreter
         details = interpreter.get_input_details(), interpreter.get_output_details()
         self.inputs = tuple(TensorSpec.from_detail(d) for d in details[0])

@@ -19,6 +19,7 @@ import platform
 import re
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -137,6 +138,27 @@ def select_runtime(choice: str = "auto") -> Runtime:
         f"(ai-edge-litert), or tflite-runtime with numpy<2 [{'; '.join(problems)}]",
         "runtime",
     )
+
+
+def load_interpreter(runtime: Runtime, content: bytes, threads, where, ready) -> tuple:
+    """(an interpreter of `content`, what `ready(interpreter)` returned, ms it took):
+    made and readied (allocated, its runners made: LiteRT says "Created ... XNNPACK
+    delegate" on fd 2 then) with fd 2 captured (`Runtime.note_load`). A UsageError
+    naming `where` when the runtime cannot load it."""
+    start = time.perf_counter()
+    with captured_stderr() as captured:
+        try:
+            interpreter = runtime.interpreter(model_content=content, num_threads=threads)
+            readied = ready(interpreter)
+        except Exception as exc:  # the runtimes raise ValueError or RuntimeError
+            error: Exception | None = exc
+        else:
+            error = None
+    if error is not None:
+        detail = " ".join(f"{error} {''.join(captured)}".split())[:300]
+        raise UsageError(f"{runtime.name} cannot load it ({detail})", where)
+    runtime.note_load("".join(captured))
+    return interpreter, readied, (time.perf_counter() - start) * 1e3
 
 
 @contextlib.contextmanager

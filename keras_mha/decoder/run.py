@@ -18,6 +18,7 @@ backends' tests and make llm load after one import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -60,6 +61,27 @@ def require_run(run_dir) -> pathlib.Path:
             run_dir,
         )
     return folder
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageRun:
+    """A language model's run as keras_mha.rundir.tasks.read_any gives it: its
+    folder and task; `load()` builds the model (keras_mha.decoder.load)."""
+
+    path: pathlib.Path
+    task: object
+
+    def load(self, implementation: str = "fused"):
+        from . import load
+
+        return load(self.path, implementation)
+
+
+def read_language_run(run_dir) -> LanguageRun:
+    """keras_mha.rundir.tasks' reader of a language model's run (checked, not loaded)."""
+    from bundle_contract.tasks import get
+
+    return LanguageRun(require_run(run_dir), get(TASK))
 
 
 def _source_sha256(source, parts) -> str | None:

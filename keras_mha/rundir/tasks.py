@@ -23,6 +23,7 @@ READERS = {
     "embedding": "keras_mha.rundir.embedding:read_embedding_run",
     "text-classification": "keras_mha.rundir.embedding:read_embedding_run",
     "pair-scoring": "keras_mha.rundir.embedding:read_embedding_run",
+    "language-model": "keras_mha.decoder.run:read_language_run",
 }
 assert set(READERS) == set(TASKS), "every task of the contract has a run reader"
 

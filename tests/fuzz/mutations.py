@@ -387,6 +387,8 @@ ARGUMENT_SETS = [
     ["--json", "{tmp}/report.json"],
     ["--debug", "int8", "--sample", "0"],
     ["--wide"],
+    ["--generate", "the cat sat", "--max-new-tokens", "8"],  # a language model's bundle
+    ["--chat", "hi", "--max-new-tokens", "4"],
 ]
 HOSTILE_ARGUMENTS = [
     ["--json", "{bundle}/manifest.json"],
