@@ -167,6 +167,7 @@ def test_a_prompt_beyond_the_context_is_one_line(lm_bundle, capsys):
              "--generate", "120 tokens", "context of 128 holds 96")  # fmt: skip
     one_line(*edge([bundle, "--chat", "   "], capsys), "--chat", "empty")
     one_line(*edge([bundle, "--text", "hello"], capsys), "--text", "takes --generate, --chat")
+    one_line(*edge([bundle, "--debug", "dynamic"], capsys), "--debug", "language model's bundle")
 
 
 def tampered(bundle, tmp_path, change) -> str:

@@ -78,6 +78,12 @@ def run_debug(
             "needs the bundle's float32 model as the reference; it has none", "--debug"
         )
     bundle = open_bundle(bundle_path, ",".join(sorted({"float32", mode})))
+    if bundle.task.generates:  # two signatures and a cache: not a one-input model
+        raise UsageError(
+            "has no per-tensor debugger for a language model's bundle yet; its parity run "
+            "compares every next token with the float model's",
+            "--debug",
+        )
     samples = bundle.manifest.eval.samples
     if sample is not None and not 0 <= sample < samples:
         raise UsageError(
