@@ -42,6 +42,18 @@ def _library():
     return tokenizers
 
 
+def parse_tokenizer(data: bytes, where: str | os.PathLike):
+    """A `tokenizers.Tokenizer` from tokenizer.json's bytes (bounded); a UsageError
+    naming `where` for a file the library cannot read."""
+    if len(data) > MAX_TOKENIZER_BYTES:
+        raise UsageError(f"is {len(data)} bytes; at most {MAX_TOKENIZER_BYTES}", where)
+    tokenizers = _library()
+    try:
+        return tokenizers.Tokenizer.from_str(data.decode("utf-8"))
+    except Exception as error:  # the library raises plain Exception for a bad file
+        raise UsageError(f"not a tokenizers JSON file ({one_line(error)})", where) from None
+
+
 def _check_texts(texts) -> None:
     for text in texts:
         if not isinstance(text, str):
@@ -70,13 +82,7 @@ class Subwords:
             raise UsageError(f"max_length must be an integer >= 2, got {max_length!r}", where)
         if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
             raise UsageError(f"pad_id must be an integer >= 0, got {pad_id!r}", where)
-        if len(data) > MAX_TOKENIZER_BYTES:
-            raise UsageError(f"is {len(data)} bytes; at most {MAX_TOKENIZER_BYTES}", where)
-        tokenizers = _library()
-        try:
-            tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as error:  # the library raises plain Exception for a bad file
-            raise UsageError(f"not a tokenizers JSON file ({one_line(error)})", where) from None
+        tokenizer = parse_tokenizer(data, where)
         # The token the model masks must be a padding: named so ([PAD], <pad>) or
         # the file's own padding token, never a word piece or <s>, which text gives.
         padding = tokenizer.padding

@@ -34,14 +34,6 @@ def cache_shape(config, context: int) -> tuple[int, ...]:
             config.num_key_value_heads, config.head_dim)  # fmt: skip
 
 
-def cache_bytes_per_token(config, key_value_heads: int | None = None) -> int:
-    """float32 bytes the cache holds a token (`key_value_heads`: another h_kv, for comparison)."""
-    from keras_mha.decoder.heads import cache_bytes_per_token as per_token
-
-    heads = config.num_key_value_heads if key_value_heads is None else key_value_heads
-    return per_token(config, config.num_hidden_layers * heads)
-
-
 def check_sizes(config, context: int, prefill: int) -> None:
     """UsageError (one line) for a context or prefill length the model cannot take."""
     limit = config.max_position_embeddings

@@ -31,23 +31,26 @@ from bundle_contract.entries import EvalSpec, FileRef, ModelEntry, Signature
 from bundle_contract.errors import UsageError
 from bundle_contract.files import building, sha256_file
 from bundle_contract.manifest import Manifest
+from bundle_contract.tasks import get as get_task
 from bundle_contract.tasks.language_model import (
     SIGNATURES,
     Generation,
     LanguageModel,
     check_language_eval,
+    language_thresholds,
+    next_token_figures,
 )
 from bundle_contract.tensors import TensorSpec
 
 from .common import ExportFailed, check_target, tool_versions
-from .decoder import DECODER_MODES, PREFILL, cache_bytes_per_token, cache_shape, check_sizes
+from .decoder import DECODER_MODES, PREFILL, cache_shape, check_sizes
 
 PROMPTS = 8  # greedy prompts: the first eval sentences' first halves
 PROMPT_TOKENS = 24  # at most, a prompt
 GREEDY = 16  # greedy tokens compared after each prompt
 CONTEXT = 256  # the file's positions unless --context says otherwise
 CHAT_SENTINEL = "\x00MESSAGE\x00"  # stands for the user's message while the template renders
-TASK = LanguageModel()
+TASK = get_task(LanguageModel.name)
 
 
 def parse_decoder_modes(modes) -> tuple[str, ...]:
@@ -65,33 +68,30 @@ def parse_decoder_modes(modes) -> tuple[str, ...]:
     return tuple(m for m in DECODER_MODES if m in names)
 
 
-def reference(lm, context: int, sentences: int | None = None) -> dict[str, np.ndarray]:
+def reference(lm, context: int) -> dict[str, np.ndarray]:
     """eval.npz's arrays: the float model on the eval text and its greedy tokens."""
-    from keras_mha.decoder.heads import BATCH, EVAL_SENTENCES, eval_text
+    from keras_mha.decoder.heads import BATCH, eval_text
 
-    text = eval_text(lm, sentences or EVAL_SENTENCES)
+    text = eval_text(lm)
     lengths = text.valid.sum(1) + 1
     keep = lengths <= context  # a sentence the context cannot hold is left out
+    if not keep.any():
+        raise UsageError(f"holds none of the eval sentences (the shortest has "
+                         f"{int(lengths.min())} tokens)", f"--context {context}")  # fmt: skip
     ids, lengths = text.ids[keep][:, : int(lengths[keep].max())], lengths[keep]
+    count = min(PROMPTS, len(ids))
+    width = min(PROMPT_TOKENS, max(1, int(lengths[:count].max()) // 2))
+    if width + GREEDY > context:
+        raise UsageError(f"is too short for a prompt of {width} and {GREEDY} new tokens",
+                         f"--context {context}")  # fmt: skip
     n, t = ids.shape
     top1, margin, nll = np.full((n, t), -1, np.int32), np.zeros((n, t)), np.zeros((n, t))
     for start in range(0, n, BATCH):
-        logits = np.asarray(lm.logits(ids[start : start + BATCH]), np.float64)
-        best2 = np.partition(logits, -2, axis=-1)[..., -2:]
-        top = logits.max(-1, keepdims=True)
-        log_z = top[..., 0] + np.log(np.exp(logits - top).sum(-1))
-        following = np.take_along_axis(
-            logits[:, :-1], ids[start : start + BATCH, 1:, None].astype(np.int64), -1
-        )[..., 0]
-        rows = slice(start, start + len(logits))
-        top1[rows] = logits.argmax(-1)
-        margin[rows] = best2[..., 1] - best2[..., 0]
-        nll[rows, :-1] = log_z[:, :-1] - following
-    scored = np.arange(t)[None, :] < (lengths[:, None] - 1)
-    top1[~scored & (np.arange(t)[None, :] >= lengths[:, None])] = -1
-    nll[~scored], margin[~scored] = 0.0, 0.0
-    count = min(PROMPTS, n)
-    width = min(PROMPT_TOKENS, max(1, int(lengths[:count].max()) // 2))
+        for row, logits in enumerate(lm.logits(ids[start : start + BATCH]), start):
+            length = int(lengths[row])
+            found = next_token_figures(logits[:length], ids[row, :length])
+            top1[row, :length], margin[row, : length - 1], nll[row, :length] = (
+                found[0], found[1][:-1], found[2])  # fmt: skip
     prompts = np.zeros((count, width), np.int32)
     prompt_lengths = np.zeros(count, np.int32)
     greedy = np.zeros((count, GREEDY), np.int32)
@@ -99,9 +99,6 @@ def reference(lm, context: int, sentences: int | None = None) -> dict[str, np.nd
         prompt = ids[row, : max(1, min(width, int(lengths[row]) // 2))]
         prompts[row, : len(prompt)], prompt_lengths[row] = prompt, len(prompt)
         greedy[row] = lm.generate_ids(prompt, GREEDY, stop_at_eos=False).new_ids[:GREEDY]
-    if width + GREEDY > context:
-        raise UsageError(f"is too short for a prompt of {width} and {GREEDY} new tokens",
-                         f"--context {context}")  # fmt: skip
     return {"x": ids.astype(np.int32), "lengths": lengths.astype(np.int32), "top1": top1,
             "margin": margin.astype(np.float32), "nll": nll.astype(np.float32),
             "prompts": prompts, "prompt_lengths": prompt_lengths, "greedy": greedy}  # fmt: skip
@@ -209,9 +206,6 @@ def export_language_model(
         prefill=prefill,
         cache_shape=cache_shape(config, context),
         query_heads=config.num_attention_heads,
-        key_value_heads=config.num_key_value_heads,
-        cache_bytes_per_token=cache_bytes_per_token(config),
-        cache_bytes_per_token_all_heads=cache_bytes_per_token(config, config.num_attention_heads),
         eos_id=config.eos_token_id,
         chat_before=before,
         chat_after=after,
@@ -233,7 +227,7 @@ def export_language_model(
                 mode=mode, file=ref.file, sha256=ref.sha256, bytes=len(content),
                 input=signatures["decode"].inputs["ids"],
                 output=signatures["decode"].outputs["logits"],
-                thresholds=TASK.thresholds(mode, decided),
+                thresholds=language_thresholds(mode, decided, len(evaluation.greedy)),
                 runtimes={"tflite-runtime": loads, "tflite-micro": False},
                 micro={"reason": "a language model's cache is bigger than a microcontroller's "
                        "memory; TensorFlow Lite Micro runs the classifiers"},

@@ -46,14 +46,15 @@ def spread_error(ours: np.ndarray, theirs: np.ndarray) -> float:
 
 @pytest.mark.slow
 def test_the_file_has_prefill_and_decode_over_one_cache(decoder, converted):
-    from keras_mha_export.decoder import cache_bytes_per_token, cache_shape
+    from keras_mha.decoder.heads import cache_bytes_per_token
+    from keras_mha_export.decoder import cache_shape
 
     device = on_device(converted["float32"])
     c = decoder.decoder_config
     assert device.cache_shape == cache_shape(c, CONTEXT) == (2, 2, 1, CONTEXT, 2, 8)
     assert (device.chunk, device.context) == (PREFILL, CONTEXT)
     # GQA: 2 key/value heads for 4 query heads, half the cache of plain multi-head
-    assert cache_bytes_per_token(c) * 2 == cache_bytes_per_token(c, key_value_heads=4) == 512
+    assert cache_bytes_per_token(c, 2 * 2) * 2 == cache_bytes_per_token(c, 2 * 4) == 512
 
 
 @pytest.mark.slow

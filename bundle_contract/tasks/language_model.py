@@ -33,11 +33,11 @@ import numpy as np
 
 from ..arrays import EvalData, check_inputs, describe_array
 from ..entries import EvalSpec, FileRef
-from ..errors import UsageError, one_line
+from ..errors import UsageError
 from ..fields import Fields
 from ..files import MAX_FILE_BYTES, read_inside
 from ..parity import Parity, Thresholds, changes_allowed
-from ..subwords import MAX_TOKENIZER_BYTES, _library
+from ..subwords import MAX_TOKENIZER_BYTES, parse_tokenizer
 from .base import Column, Task
 from .registry import register
 
@@ -49,7 +49,7 @@ MAX_GREEDY = 1024
 MAX_TEMPLATE_CHARS = 4096
 # The figures' meanings and bounds (docs/decoder.md, "Verified on the device").
 DECIDED_MARGIN = 1.0  # nats: the float model prefers its token e times over the runner-up
-PERPLEXITY_RATIO = {"float32": 1.001, "float16": 1.01, "dynamic": 1.02, "int16x8": 1.02}
+PERPLEXITY_RATIO = {"float32": 1.001, "float16": 1.01, "dynamic": 1.02}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,20 +93,33 @@ class Generation:
     prefill: int  # P: prompt tokens a prefill call takes
     cache_shape: tuple[int, ...]  # (L, 2, 1, S, h_kv, d), float32
     query_heads: int
-    key_value_heads: int
-    cache_bytes_per_token: int  # L x 2 x h_kv x d x 4
-    cache_bytes_per_token_all_heads: int  # the same model caching every query head's K and V
     eos_id: int | None = None
     chat_before: str | None = None  # the chat template around one user message
     chat_after: str | None = None
 
+    @property
+    def key_value_heads(self) -> int:
+        return self.cache_shape[4]
+
+    @property
+    def cache_bytes_per_token(self) -> int:
+        """float32 bytes the cache holds a token: L x 2 (keys, values) x h_kv x d x 4."""
+        layers, _, _, _, heads, dim = self.cache_shape
+        return layers * 2 * heads * dim * 4
+
+    @property
+    def cache_bytes_per_token_all_heads(self) -> int:
+        """The same with every query head's keys and values cached: GQA's saving x h / h_kv."""
+        return self.cache_bytes_per_token // self.key_value_heads * self.query_heads
+
     def to_json(self) -> dict:
-        data = {
+        return {
             "context": self.context,
             "prefill": self.prefill,
             "cache_shape": list(self.cache_shape),
             "query_heads": self.query_heads,
             "key_value_heads": self.key_value_heads,
+            # for people: the device derives both from cache_shape and checks them
             "cache_bytes_per_token": self.cache_bytes_per_token,
             "cache_bytes_per_token_all_heads": self.cache_bytes_per_token_all_heads,
             "eos_id": self.eos_id,
@@ -114,7 +127,6 @@ class Generation:
             if self.chat_before is None
             else {"before": self.chat_before, "after": self.chat_after},
         }
-        return data
 
     @classmethod
     def from_json(cls, fields: Fields, data: dict, evaluation: EvalSpec) -> Generation:
@@ -128,18 +140,6 @@ class Generation:
                 p + "cache_shape", f"must be [L, 2, 1, {context}, h_kv, d], got {list(shape)}"
             )
         heads = fields.integer(entry, "query_heads", p, minimum=1, maximum=4096)
-        kv_heads = fields.integer(entry, "key_value_heads", p, minimum=1, maximum=heads)
-        if kv_heads != shape[4] or heads % kv_heads:
-            raise fields.fail(
-                p + "key_value_heads",
-                f"is {kv_heads}; the cache has {shape[4]} and {heads} query heads need a divisor",
-            )
-        per_token = 2 * shape[0] * shape[4] * shape[5] * 4
-        if fields.integer(entry, "cache_bytes_per_token", p, minimum=1) != per_token:
-            raise fields.fail(p + "cache_bytes_per_token", f"must be {per_token} for the cache")
-        all_heads = per_token // kv_heads * heads
-        if fields.integer(entry, "cache_bytes_per_token_all_heads", p, minimum=1) != all_heads:
-            raise fields.fail(p + "cache_bytes_per_token_all_heads", f"must be {all_heads}")
         eos = entry.get("eos_id")
         if eos is not None:
             eos = fields.integer(entry, "eos_id", p, minimum=0, maximum=evaluation.num_classes - 1)
@@ -147,8 +147,14 @@ class Generation:
         if entry.get("chat") is not None:
             chat = fields.obj(entry, "chat", p)
             before, after = (_text(fields, chat, key, p + "chat.") for key in ("before", "after"))
-        return cls(context, prefill, tuple(shape), heads, kv_heads, per_token, all_heads,
-                   eos, before, after)  # fmt: skip
+        found = cls(context, prefill, tuple(shape), heads, eos, before, after)
+        if heads % found.key_value_heads:
+            raise fields.fail(p + "query_heads", f"is {heads}; the cache's "
+                              f"{found.key_value_heads} key/value heads must divide it")  # fmt: skip
+        for key in ("key_value_heads", "cache_bytes_per_token", "cache_bytes_per_token_all_heads"):
+            if fields.integer(entry, key, p, minimum=1) != getattr(found, key):
+                raise fields.fail(p + key, f"must be {getattr(found, key)} for the cache")
+        return found
 
 
 def _text(fields: Fields, data: dict, key: str, prefix: str) -> str:
@@ -163,13 +169,7 @@ class TextTokens:
     (keras_mha.decoder.LanguageModel.encode, the ids the eval text was made of)."""
 
     def __init__(self, data: bytes, where: str | os.PathLike):
-        if len(data) > MAX_TOKENIZER_BYTES:
-            raise UsageError(f"is {len(data)} bytes; at most {MAX_TOKENIZER_BYTES}", where)
-        tokenizers = _library()
-        try:
-            self.tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
-        except Exception as error:  # the library raises plain Exception for a bad file
-            raise UsageError(f"not a tokenizers JSON file ({one_line(error)})", where) from None
+        self.tokenizer = parse_tokenizer(data, where)
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
 
@@ -212,7 +212,6 @@ class LanguageModel(Task):
     )
     drops = ("accuracy", "agreement", "max|Δp|", "mean|Δp|", "attn max|Δ|", "attn tail",
              "attn agree", "p50 µs", "p90 µs", "p99 µs")  # fmt: skip
-    ARRAYS = ("x", "lengths", "top1", "margin", "nll", "prompts", "prompt_lengths", "greedy")
 
     def output_shape(self, spec: EvalSpec) -> tuple[int, ...]:
         return (spec.samples, spec.x_shape[1])
@@ -311,7 +310,8 @@ class LanguageModel(Task):
         return measure_language(outputs, evaluation)
 
     def thresholds(self, mode: str, samples: int) -> Thresholds:
-        """`samples`: the eval text's decided positions (`LanguageEval.decided`)."""
+        """`samples`: the eval text's decided positions (export calls
+        `language_thresholds` with its prompts too)."""
         return language_thresholds(mode, samples)
 
     def describe(self, num_classes: int, float_accuracy: float | None, max_length: int | None):
@@ -374,6 +374,20 @@ def check_language_eval(arrays: dict[str, np.ndarray], where) -> LanguageEval:
     if not scored.any():
         raise UsageError("scores no position: every sentence needs two tokens", where)
     return evaluation
+
+
+def next_token_figures(logits: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each position's top token, its lead over the runner-up (nats) and the NLL of
+    the next id of `ids` (the last position's: 0), from logits `(T, V)`: what the
+    float model's eval.npz holds (export) and what a mode gives (the device)."""
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_z = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
+    best2 = np.partition(logits, -2, axis=-1)[:, -2:]
+    nll = np.zeros(len(logits))
+    following = np.asarray(ids[1 : len(logits)], np.int64)
+    nll[: len(following)] = log_z[: len(following)] - logits[np.arange(len(following)), following]
+    return logits.argmax(-1), best2[:, 1] - best2[:, 0], nll
 
 
 def prefix_length(ours, theirs) -> int:

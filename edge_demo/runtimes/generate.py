@@ -195,24 +195,13 @@ class CachedDecoder:
         return self.tokens[kind] / seconds if self.tokens[kind] and seconds > 0 else math.nan
 
 
-def next_token_figures(logits: np.ndarray, ids) -> tuple[np.ndarray, np.ndarray]:
-    """Each position's top token and NLL of the next id in `ids` (the last's NLL: 0)."""
-    logits = np.asarray(logits, np.float64)
-    top = logits.max(-1, keepdims=True)
-    log_z = top[:, 0] + np.log(np.exp(logits - top).sum(-1))
-    nll = np.zeros(len(logits))
-    following = np.asarray(ids[1:], np.int64)
-    nll[:-1] = log_z[:-1] - logits[np.arange(len(following)), following]
-    return logits.argmax(-1), nll
-
-
 def score_mode(bundle, mode: str, runtime, threads: int = 1, keep_raw: bool = False):
     """One mode of a language model's bundle on the device (`score.run_mode` for a
     task that `generates`): every eval sentence teacher-forced through the cache,
     every prompt's greedy tokens; the task's figures, tokens/s, memory. `keep_raw`:
     the result keeps each position's NLL of its next token, (N, T) float64 (the
     logits themselves are N x T x V; equal logits give equal NLLs)."""
-    from bundle_contract.tasks.language_model import LanguageOutputs
+    from bundle_contract.tasks.language_model import LanguageOutputs, next_token_figures
 
     from .result import ModeResult, PeakMemory
 
@@ -230,8 +219,8 @@ def score_mode(bundle, mode: str, runtime, threads: int = 1, keep_raw: bool = Fa
     try:
         for row in range(n):
             ids = evaluation.x[row, : int(evaluation.lengths[row])]
-            found = next_token_figures(decoder.logits(ids), ids)
-            top1[row, : len(ids)], nll[row, : len(ids)] = found
+            top, _, found = next_token_figures(decoder.logits(ids), ids)
+            top1[row, : len(ids)], nll[row, : len(ids)] = top, found
         for row in range(len(greedy)):
             made = decoder.greedy(evaluation.prompt(row), greedy.shape[1])
             greedy[row] = made.new_ids
