@@ -222,6 +222,7 @@ def test_export_refuses_what_a_language_model_cannot_be(lm_bundle, capsys, tmp_p
         (["--context", "1"], ("--context", "between 2 and the model's 512")),
         (["--context", "64", "--prefill", "65"], ("--prefill", "between 1 and the context")),
         (["--length", "8"], ("--length", "does not apply to a language model")),
+        (["--context", "20"], ("--context 20", "holds none of the eval sentences")),
     ):
         code = export_main([str(run), "--out", str(out), *argv])
         one_line(code, "", capsys.readouterr().err, *words)
