@@ -8,7 +8,9 @@
 # pronouns bundle in every mode (+ one --text call), all-MiniLM-L6-v2's encoder bundle in dynamic-range
 # mode (+ one --text search) and a small cross-encoder in every mode but
 # int16x8 (+ one --pair and one --rerank; .ci/arm64/reranker.py writes the
-# checkpoint with numpy), each trained or imported and exported here first. Gates on
+# checkpoint with numpy), each trained or imported and exported here first (the
+# app's other commands, --text, --embed, --pair, --rerank, run once each, on the CPUs
+# in turn: test.sh's extra_cpu). Gates on
 # the edge demo's exit codes (the manifest's thresholds) and on the raw
 # outputs against x86-64 (.ci/arm64/summary.py's RAW_BOUNDS: int16x8
 # bit-identical, float32/float16 within 4e-6, dynamic within 1/256, int8

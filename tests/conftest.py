@@ -61,6 +61,9 @@ def trains_or_exports(item) -> bool:
     return not SLOW_FIXTURES.isdisjoint(names)
 
 
+CPU_AT_START = pytest.StashKey[float]()
+
+
 # The files that take minutes, longest first (make test on an AMD EPYC). pytest-xdist
 # (--dist loadfile) deals whole files to its workers in collection order: started
 # first, they run beside the many short files instead of leaving one worker alone
@@ -118,6 +121,34 @@ def pytest_collection_finish(session):
             pass
     gc.collect()
     gc.freeze()
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (user + system)."""
+    import resource
+
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[CPU_AT_START] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test's CPU seconds (setup, call, teardown; with the child processes
+    it waited for) as the junit property "cpu": tests/summary.py adds them up
+    per file. On 2 cores shared by several processes a test's wall time says
+    how busy the machine was; its CPU time says what it costs. A long-lived
+    child (tests/oracle/serving.py) counts where it ends."""
+    if call.when == "teardown" and CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu", f"{_cpu_seconds() - item.stash[CPU_AT_START]:.2f}"))
+    yield
 
 
 def pytest_report_header(config):

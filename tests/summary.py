@@ -11,7 +11,9 @@ COUNTS.json files are counts from elsewhere, as make test-arm64 writes them:
 {"suite": "arm64", "passed": N, "failed": N, "skipped": N, "seconds": S}.
 Each line shows its time: a junit file's wall time (its testsuite's `time`),
 or for a part of the main run the sum of its tests' times. Before the table,
-the figures trained models gave in the main run, each beside its bound.
+the figures trained models gave in the main run, each beside its bound, and
+the test files that took the most CPU (tests/conftest.py's `cpu` property:
+the process and the children it waited for), the budget's measure.
 
 A line fails when it has failures, ran no test (none passed) or has no
 results; then the table ends with one line naming each, and the exit is 1.
@@ -163,6 +165,24 @@ def figures(results: pathlib.Path) -> list[str]:
     return found
 
 
+def cpu_by_file(results: pathlib.Path, top: int = 15) -> list[str]:
+    """The `top` test files by CPU seconds over every junit file in `results`
+    (a suite's other than the main run's named before), and the total."""
+    spent: dict[str, float] = {}
+    for junit in sorted(results.glob("*.xml")):
+        where = "" if junit.name == MAIN else f"[{junit.stem}] "
+        for case in ET.parse(junit).iter("testcase"):
+            for prop in case.findall("properties/property[@name='cpu']"):
+                classname = case.get("classname") or "?"
+                name = where + (classname.split(".")[-1] if where else classname[len("tests.") :])
+                spent[name] = spent.get(name, 0.0) + float(prop.get("value"))
+    if not spent:
+        return []
+    ranked = sorted(spent.items(), key=lambda item: -item[1])
+    lines = [f"  {seconds:7.0f} s  {name}" for name, seconds in ranked[:top]]
+    return lines + [f"  {sum(spent.values()):7.0f} s  in all ({len(spent)} files)"]
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
@@ -177,6 +197,10 @@ def main(argv: list[str]) -> int:
     if kept:  # before the table, whose last line is the verdict
         print("\nFigures of trained models against their bounds (docs/trained_figures.md):")
         print("\n".join(kept))
+    spent = cpu_by_file(results)
+    if spent:
+        print("\nCPU seconds by test file, most first (tests/conftest.py, `cpu`):")
+        print("\n".join(spent))
     print("\n" + table(rows))
     return 1 if any(problem for *_, problem in rows) else 0
 

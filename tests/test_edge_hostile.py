@@ -117,10 +117,78 @@ def test_a_load_failure_on_a_runtime_that_ran_the_mode_is_a_failure(text_bundle,
     runtime = select_runtime("litert")
     assert bundle.manifest.models["int8"].runtimes.get(runtime.name) is True
     unsupported = ProbeResult(False, "ai-edge-litert cannot run it (type not supported)")
-    monkeypatch.setattr(runs, "probe_model", lambda *a, **k: unsupported)
+    monkeypatch.setattr(
+        runs, "probe_models", lambda runtime, items: iter([unsupported] * len(items))
+    )
     plan = runs.plan_modes(bundle, runtime)
     assert plan["int8"].status == "failed" and plan["int8"].passed is False
     assert "corrupted" in plan["int8"].failures[0]
+
+
+def _count_children(monkeypatch) -> list:
+    from edge_demo.runtimes import probe
+
+    calls = []
+    real = probe.subprocess.run
+
+    def counted(argv, **kwargs):
+        calls.append(json.loads(argv[5]))  # the layout: one [size, sample, dtype] a model
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(probe.subprocess, "run", counted)
+    return calls
+
+
+def test_one_child_probes_every_mode_of_a_sound_bundle(text_bundle, monkeypatch):
+    """Starting Python, numpy and the runtime costs seconds on an emulated or
+    small CPU: a sound bundle's modes share one child, and what it finds for
+    each is what a child of its own finds."""
+    from bundle_contract.bundle import open_bundle
+    from edge_demo.app import runs
+    from edge_demo.runtimes.probe import probe_model
+    from edge_demo.runtimes.runtime import select_runtime
+
+    bundle = open_bundle(text_bundle, "float32,float16,int8")
+    runtime = select_runtime("litert")
+    calls = _count_children(monkeypatch)
+    assert runs.plan_modes(bundle, runtime) == dict.fromkeys(["float32", "float16", "int8"])
+    assert [len(layout) for layout in calls] == [3]
+    items = [
+        (bundle.model_bytes[m], m, bundle.manifest.models[m].input.quantize(bundle.eval.x[:1]))
+        for m in bundle.modes
+    ]
+    together = list(runs.probe_models(runtime, items))
+    alone = [probe_model(runtime, *item) for item in items]
+    assert together == alone and all(result.ok for result in alone)
+    assert {result.outputs[0].dtype for result in alone} == {"float32", "int8"}
+
+
+def test_a_model_that_fails_in_the_shared_child_is_probed_alone(text_bundle, monkeypatch):
+    """A model the runtime rejects (not for a missing kernel) may leave the
+    shared child unfit for the ones after it: every model is then probed in
+    a child of its own, and the error is the one that child gives, raised in
+    its turn, after the models before it."""
+    from bundle_contract.bundle import open_bundle
+    from edge_demo.runtimes.probe import probe_model, probe_models
+    from edge_demo.runtimes.runtime import select_runtime
+
+    bundle = open_bundle(text_bundle, "float32")
+    runtime = select_runtime("litert")
+    good = bundle.model_bytes["float32"]
+    sample = bundle.manifest.models["float32"].input.quantize(bundle.eval.x[:1])
+    with pytest.raises(UsageError) as alone:
+        probe_model(runtime, b"TFL3" * 64, "bad.tflite")
+    calls = _count_children(monkeypatch)
+    results = probe_models(
+        runtime,
+        [(good, "a.tflite", sample), (b"TFL3" * 64, "bad.tflite", None), (good, "c", sample)],
+    )
+    assert next(results).ok
+    assert [len(layout) for layout in calls] == [3, 1]  # all three together, then the first alone
+    with pytest.raises(UsageError) as together:
+        next(results)
+    assert str(together.value) == str(alone.value) and "bad.tflite" in str(alone.value)
+    assert [len(layout) for layout in calls] == [3, 1, 1]
 
 
 # --- 3. bad input is exit 2, never exit 3 -------------------------------------------------

@@ -160,6 +160,26 @@ def test_the_figures_of_trained_models_come_before_the_table(tmp_path, capsys):
     assert "  [layer-tests-jax] test_0: test_accuracy = 0.9611 (>= 0.85)" in capsys.readouterr().out
 
 
+def test_cpu_seconds_are_added_up_per_file_most_first(tmp_path, capsys):
+    def case(classname, cpu):
+        prop = f'<properties><property name="cpu" value="{cpu}"/></properties>'
+        return f'<testcase classname="{classname}" name="t">{prop}</testcase>'
+
+    main = [case("tests.test_a", 2.5), case("tests.test_b", 7.0), case("tests.test_a", 5.0)]
+    jax = [case("tests.keras_suite.keras_suite.MultiHeadAttentionTest", 9.0)]
+    for name, cases in ((summary.MAIN, main), ("keras-suite-jax.xml", jax)):
+        body = "".join(cases)
+        (tmp_path / name).write_text(f"<testsuites><testsuite>{body}</testsuite></testsuites>")
+    assert summary.cpu_by_file(tmp_path, top=2) == [
+        "        9 s  [keras-suite-jax] MultiHeadAttentionTest",
+        "        8 s  test_a",
+        "       24 s  in all (3 files)",
+    ]
+    (tmp_path / summary.MAIN).write_text("<testsuites><testsuite/></testsuites>")
+    (tmp_path / "keras-suite-jax.xml").unlink()
+    assert summary.cpu_by_file(tmp_path) == []  # no property: no lines
+
+
 def test_table_fails_and_names_the_line_that_ran_nothing(tmp_path, capsys):
     _all_green(tmp_path)
     write_junit(tmp_path / "layer-tests-torch.xml", *many(5, "skipped"), why="no torch")

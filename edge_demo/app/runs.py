@@ -8,13 +8,16 @@ line and chooses; report.py formats.
 
 from __future__ import annotations
 
+import numpy as np
+
 from bundle_contract.bundle import Bundle
+from bundle_contract.entries import ModelEntry
 from bundle_contract.errors import UsageError, safe, shown
 from bundle_contract.files import write_bytes_atomic, write_json_atomic
 
 from ..runtimes.model import EdgeModel, InferenceError
 from ..runtimes.policy import runtime_content, runtime_entry
-from ..runtimes.probe import probe_model
+from ..runtimes.probe import probe_models
 from ..runtimes.runtime import MICRO_RUNTIME, Runtime
 from ..runtimes.score import ModeResult, run_mode
 from .options import DemoOptions
@@ -30,7 +33,10 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
     the one export made, and the mode fails (a "failed" ModeResult, exit 1).
     A model that crashes or is rejected otherwise raises UsageError.
     """
-    plan: dict[str, ModeResult | None] = {}
+    plan: dict[str, ModeResult | None] = dict.fromkeys(bundle.modes)
+    # What each mode to probe needs, in order; a problem is raised in its turn,
+    # after the modes before it were probed, as if each were probed in turn.
+    todo: list[tuple[str, ModelEntry, bytes, np.ndarray | None, UsageError | None]] = []
     for mode in bundle.modes:
         entry = bundle.manifest.models[mode]
         if entry.runtimes.get(runtime.name) is False:
@@ -39,16 +45,31 @@ def plan_modes(bundle: Bundle, runtime: Runtime) -> dict[str, ModeResult | None]
             plan[mode] = ModeResult(mode, "skipped", reason=f"{reason}: {why}" if why else reason)
             continue
         entry = runtime_entry(entry, runtime)  # TFLM: the deploy file
-        sample = None  # a file that generates: zero ids, an empty cache (its signatures
-        if not bundle.task.generates:  # are checked against the manifest when it runs)
-            try:  # the first eval sample, as the manifest says the model takes it
-                sample = entry.input.quantize(bundle.eval.x[:1])
-            except ValueError as exc:
-                raise UsageError(
-                    f"models.{mode}.input: {exc}", bundle.path("manifest.json")
-                ) from None
-        content = runtime_content(bundle, mode, runtime)
-        probe = probe_model(runtime, content, bundle.path(entry.file), sample)
+        try:
+            sample = None  # a file that generates: zero ids, an empty cache (its
+            if not bundle.task.generates:  # signatures are checked when it runs)
+                try:  # the first eval sample, as the manifest says the model takes it
+                    sample = entry.input.quantize(bundle.eval.x[:1])
+                except ValueError as exc:
+                    raise UsageError(
+                        f"models.{mode}.input: {exc}", bundle.path("manifest.json")
+                    ) from None
+            todo.append((mode, entry, runtime_content(bundle, mode, runtime), sample, None))
+        except UsageError as exc:
+            todo.append((mode, entry, b"", None, exc))
+            break
+    probes = probe_models(
+        runtime,
+        [
+            (content, bundle.path(entry.file), sample)
+            for _, entry, content, sample, bad in todo
+            if not bad
+        ],
+    )
+    for mode, entry, _, sample, problem in todo:
+        if problem is not None:
+            raise problem
+        probe = next(probes)
         if probe.ok and sample is not None:
             probe.check_manifest(entry, bundle.path(entry.file))
         if probe.ok:

@@ -32,7 +32,7 @@ import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
-from environment import JAX_TEST_XLA_FLAGS, strict  # noqa: E402
+from environment import jax_test_env, strict  # noqa: E402
 from summary import cases, counts, outcome  # noqa: E402
 
 VENVS = {"tensorflow": ".venv", "jax": ".venv-jax", "torch": ".venv-torch"}
@@ -145,13 +145,14 @@ def run_pytest(
     `start`: how the venv's python starts pytest (`_beside_tensorflow`)."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env["KERAS_MHA_HUB_SUITE"] = "1"  # tests/keras_hub_suite/conftest.py: swap the class
-    if backend == "jax" and "XLA_FLAGS" not in os.environ:
+    if backend == "jax":
         # Tests, not timings (tests/environment.py): XLA compiles each new
         # function with its cheapest code generation and runs it on one thread.
         # The suites compile hundreds of small functions and run each a few
         # times; the first takes the JAX layer tests from 85 s to 58 s of
-        # test_attention_keras.py (AMD EPYC). The results are the same programs'.
-        env["XLA_FLAGS"] = JAX_TEST_XLA_FLAGS
+        # test_attention_keras.py (AMD EPYC). The results are the same programs',
+        # kept on disk for the next suite (JAX_TEST_CACHE).
+        env = jax_test_env(env)
     junit = _result(junit_dir, name, backend, ".xml")
     cmd = [str(python), *start, *files, "-q", "-p", "no:cacheprovider"]
     cmd += ["-o", "addopts=--strict-markers", f"--junitxml={junit}", "-rfE"]
