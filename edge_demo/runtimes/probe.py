@@ -206,7 +206,7 @@ def _run_child(
             argv,
             input=payload,
             capture_output=True,
-            timeout=PROBE_TIMEOUT_S * len(items),
+            timeout=PROBE_TIMEOUT_S,
             check=False,
         )
         returncode, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
@@ -267,10 +267,12 @@ def probe_models(
     takes seconds on a small or emulated CPU, the probe itself milliseconds).
     Its results are taken only if every model loaded and ran, or was refused
     cleanly for an op or kernel the runtime lacks, and the child ended by
-    itself. Otherwise a model may have upset the child for the ones after it:
-    each model is then probed in a child of its own, as `probe_model` does,
-    one at a time as the caller asks, so what is raised and when is exactly
-    what calling `probe_model` in turn gives.
+    itself within PROBE_TIMEOUT_S (for all of them: a sound bundle's take
+    seconds). Otherwise a model may have upset the child for the ones after
+    it: each model is then probed in a child of its own, as `probe_model`
+    does, one at a time as the caller asks, so what is raised and when is
+    exactly what calling `probe_model` in turn gives (a model that hangs
+    costs one timeout more).
     """
     if len(items) > 1 and sys.executable:
         returncode, models, stderr = _run_child(
