@@ -40,6 +40,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # with request.getfixturevalue is caught by that name: so digits_bundle.
 SLOW_FIXTURES = {
     "digits_run",  # here: make_digits_run, 40 epochs
+    "tiny_pronouns",  # test_train_cli.py: a tiny pronouns run, one epoch
+    "pronouns_run",  # the default pronouns model, 40 epochs
     "augmented_run",  # here: train(), 3 epochs with shifted copies
     "digits_export",  # edge_fixtures: python -m keras_mha_export on digits_run, every mode
     "digits_bundle",  # edge_fixtures: digits_export's bundle
@@ -207,6 +209,18 @@ def digits_run(tmp_path_factory) -> pathlib.Path:
     return (
         once_per_run(tmp_path_factory, "digits_run", lambda d: make_digits_run(d / "run")) / "run"
     )
+
+
+@pytest.fixture(scope="session")
+def pronouns_run(tmp_path_factory) -> pathlib.Path:
+    """The default pronouns model, trained as `keras-mha-train --dataset
+    pronouns` trains it (all 40 epochs: early stopping off), made once per test
+    run: tests/test_train_runs.py checks it, tests/test_qat_runs.py starts its
+    per-head QAT from it. Read-only."""
+    from keras_mha.train import train
+
+    make = lambda d: train("pronouns", d / "run", patience=40, verbose=0)  # noqa: E731
+    return once_per_run(tmp_path_factory, "pronouns_run", make) / "run"
 
 
 @pytest.fixture(scope="session")

@@ -104,6 +104,84 @@ def test_read_only_output(read_only_dir, capsys):
     )
 
 
+@pytest.fixture(scope="module")
+def tiny_pronouns(tmp_path_factory):
+    """A pronouns run of a tiny model, one epoch: a run --start can name."""
+    run = tmp_path_factory.mktemp("start") / "pronouns"
+    assert main(["--dataset", "pronouns", *TINY, "--epochs", "1", "--out", str(run)]) == 0
+    return run
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        ([], r"--start: needs --qat EPOCHS: the run's model is trained already"),
+        (["--qat", "1", "--epochs", "2"], r"--epochs: comes from the run --start names"),
+        (["--qat", "1", "--d-model", "16"], r"--d-model: comes from the run --start names"),
+        (
+            ["--qat", "1", "--from", "all-MiniLM-L6-v2", "--data", "my.csv"],
+            r"--start: is for a classifier trained from scratch, not with --from",
+        ),
+    ],
+    ids=["no-qat", "epochs", "model", "with-from"],
+)
+def test_start_refuses_what_the_run_decides(extra, pattern, tmp_path, capsys):
+    """Before the run is read (--dataset given, so none is needed to name it)."""
+    argv = ["--start", str(tmp_path / "none"), "--dataset", "pronouns", *extra]
+    fails([*argv, "--out", str(tmp_path / "q")], pattern, capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra, pattern",
+    [
+        (["--dataset", "digits"], r"is a pronouns run; expected a digits run"),
+        (["--seed", "3"], r"--seed: the run --start names was trained with seed 0"),
+    ],
+    ids=["dataset", "seed"],
+)
+def test_start_refuses_a_run_of_another_dataset_or_seed(
+    tiny_pronouns, extra, pattern, tmp_path, capsys
+):
+    argv = ["--start", str(tiny_pronouns), "--qat", "1", *extra, "--out", str(tmp_path / "q")]
+    fails(argv, pattern, capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_start_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    fails(
+        ["--start", str(tmp_path / "none"), "--qat", "1"], r"does not exist; expected a run", capsys
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_start_fine_tunes_a_run_with_rounding_per_head(tiny_pronouns, capsys):
+    """--start RUN --qat 1 --attention per_head: the run's weights, computed per
+    head, fine-tuned with rounding; ranges for every head; the start named."""
+    import json
+
+    from keras_mha import qat
+    from keras_mha.rundir import read_run
+
+    assert main(["--start", str(tiny_pronouns), "--qat", "1", "--attention", "per_head"]) == 0
+    out = tiny_pronouns.parent / "pronouns_qat"  # the default: beside the run it started from
+    started, done = read_run(tiny_pronouns), read_run(out)
+    metrics = done.metrics
+    assert metrics["start"]["run"] == str(tiny_pronouns)
+    assert len(metrics["start"]["model_sha256"]) == 64
+    assert metrics["history"] == started.metrics["history"]  # its training is the start's
+    assert metrics["qat"]["epochs"] == 1 and metrics["config"]["implementation"] == "per_head"
+    assert json.loads((tiny_pronouns / "metrics.json").read_text()) == started.metrics  # untouched
+    ranges = qat.load_ranges(out / "ranges.json")
+    assert "transformer_layer_0/attention/query_1" in ranges  # a point of each head
+    # before the rounding, the per-head model gave the run's own test accuracy
+    assert metrics["qat"]["test_accuracy_float_before"] == pytest.approx(
+        started.metrics["test_accuracy"]
+    )
+    assert "pronouns_qat" in capsys.readouterr().out
+
+
 def test_help_and_argument_errors_do_not_import_tensorflow():
     """Answered from argparse alone: no TensorFlow, no Keras (fast, quiet)."""
     help_text = assert_answered_without_tensorflow("keras_mha.train", ["--help"], 0)

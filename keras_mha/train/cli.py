@@ -3,12 +3,17 @@
     keras-mha-train [--dataset digits|pronouns] [--out DIR] [--epochs N]
                     [--num-heads H] [--d-model D] [--num-layers L] [--seed S]
                     [--distribute mirrored] [--overwrite]
+    keras-mha-train --start RUN --qat EPOCHS [--attention per_head] [--out DIR]
     keras-mha-train --from all-MiniLM-L6-v2 --data my.csv [--out DIR]
                     [--text-column text] [--label-column label] [--test-fraction 0.2]
 
-The second form fine-tunes a pretrained encoder on your labelled text
-(keras_mha/train/finetune.py): a text-classification run, like an imported
-classifier's.
+The second form fine-tunes a run trained before with int8's rounding in
+the loop (quantization-aware training), instead of training it again: its
+dataset, seed, model and settings are the run's; `--attention per_head`
+gives each head its own int8 ranges (the weights are the same). The new run
+(default `RUN_qat`) names the one it started from. The third form fine-tunes
+a pretrained encoder on your labelled text (keras_mha/train/finetune.py): a
+text-classification run, like an imported classifier's.
 
 The run directory (default `runs/<dataset>`) holds model.keras, metrics.json,
 eval.npz, calibration.npz, labels.json, vocab.json (text datasets) and two
@@ -91,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="then fine-tune EPOCHS epochs with int8's rounding in the loop (keras_mha.qat); "
         "the run gets ranges.json for its int8 export (default: 0, none)",
     )
+    parser.add_argument(
+        "--start",
+        type=pathlib.Path,
+        default=None,
+        metavar="RUN",
+        help="with --qat: fine-tune RUN's trained classifier with rounding instead of training "
+        "a new one (its dataset, seed, model and settings; --attention may differ)",
+    )
     tune = parser.add_argument_group("fine-tuning a pretrained encoder on your labels")
     tune.add_argument(
         "--from",
@@ -147,6 +160,7 @@ def _finetune(args: argparse.Namespace) -> int:
     if args.data is None:
         raise UsageError("needs --data FILE (your labelled text)", "--from")
     given = [name for name in SCRATCH_ONLY if getattr(args, name) not in (None, False)]
+    given += ["start"] if args.start is not None else []
     if given or args.qat or args.dataset is not None:
         flag = "--" + (given[0].replace("_", "-") if given else "qat" if args.qat else "dataset")
         raise UsageError("is for a classifier trained from scratch, not with --from", flag)
@@ -186,8 +200,13 @@ def _run(args: argparse.Namespace) -> int:
 
             raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
         return _finetune(args)
+    if args.start is not None and args.dataset is None:
+        from keras_mha.rundir import read_run  # no TensorFlow: a bad run is answered first
+
+        args.dataset = read_run(args.start).dataset
     args.dataset = args.dataset or "digits"
-    out = args.out or pathlib.Path(f"runs/{args.dataset}")
+    default = f"runs/{args.dataset}" if args.start is None else f"{args.start}_qat"
+    out = args.out or pathlib.Path(default)
     check_writable(out, "--out")
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet_tensorflow.py)
     from keras_mha.train.pipeline import train
@@ -211,6 +230,7 @@ def _run(args: argparse.Namespace) -> int:
         dropout=args.dropout,
         implementation=args.attention,
         qat_epochs=args.qat,
+        start=args.start,
     )
     summary = (
         f"{metrics['dataset']}: test accuracy {metrics['test_accuracy']:.4f}, "
