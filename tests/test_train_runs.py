@@ -46,7 +46,7 @@ def test_pronouns_run(pronouns_run, figure):
     validation loss barely moves, cannot stop a run at chance.
     """
     out = pronouns_run  # train.train("pronouns", out, patience=40): conftest.py
-    metrics = saved = check_run(out, "pronouns")
+    metrics = check_run(out, "pronouns")
     assert metrics["epochs_run"] == 40
     figure("test_accuracy", metrics["test_accuracy"], ">= 0.9")
     figure("worst structure", min(metrics["per_structure_accuracy"].values()), ">= 0.8")
@@ -54,7 +54,7 @@ def test_pronouns_run(pronouns_run, figure):
     assert set(metrics["per_cue_accuracy"]) == set(data.CUES)
     # Each structure of a converged run is at 0.99-1.0; 0.8 is far above its chance (<= 0.5).
     assert min(metrics["per_structure_accuracy"].values()) >= 0.8
-    cue, text = saved["_extra"]["cue"], saved["_extra"]["text"]
+    cue, text = metrics["_extra"]["cue"], metrics["_extra"]["text"]
     with np.load(out / "eval.npz") as npz:
         x, y, probs = npz["x"], npz["y"], npz["probs"]
     correct = probs.argmax(-1) == y
@@ -63,7 +63,7 @@ def test_pronouns_run(pronouns_run, figure):
     assert len(metrics["per_structure_accuracy"]) == len(data.STRUCTURES)
     for (name, nouns), value in zip(data.STRUCTURES, metrics["per_structure_accuracy"].values()):
         assert value == pytest.approx(
-            correct[(cue == name) & (saved["_extra"]["nouns"] == nouns)].mean()
+            correct[(cue == name) & (metrics["_extra"]["nouns"] == nouns)].mean()
         )
     # vocab.json alone (plus `re`) turns the sentences back into the model's inputs.
     vocab = json.loads((out / "vocab.json").read_text())

@@ -275,30 +275,30 @@ def probe_models(
     costs one timeout more).
     """
     if len(items) > 1 and sys.executable:
-        returncode, models, stderr = _run_child(
-            runtime, [(content, sample) for content, _, sample in items], debug
-        )
-        clean = returncode in (0, 3) and len(models) == len(items)
-        if clean:
-            results = []
-            for lines, (_, where, _) in zip(models, items):
-                if "PROBE-DONE" in lines:
-                    code = 0
-                elif any(ln.startswith("PROBE-ERROR ") for ln in lines):
-                    code = 3
-                else:
-                    clean = False
-                    break
-                result = _judge(runtime, code, lines, stderr, where, raise_errors=False)
-                if result is None:
-                    clean = False
-                    break
-                results.append(result)
-        if clean:
+        results = _shared_child(runtime, items, debug)
+        if results is not None:
             yield from results
             return
     for content, where, sample in items:
         yield probe_model(runtime, content, where, sample, debug)
+
+
+def _shared_child(runtime: Runtime, items, debug: bool) -> list[ProbeResult] | None:
+    """Every item probed in one child: their results, or None unless the child
+    ended by itself and each model ran or was refused for a missing kernel."""
+    returncode, models, stderr = _run_child(
+        runtime, [(content, sample) for content, _, sample in items], debug
+    )
+    if returncode not in (0, 3) or len(models) != len(items):
+        return None
+    results = []
+    for lines, (_, where, _) in zip(models, items):
+        code = 0 if "PROBE-DONE" in lines else 3  # the child's code had it probed alone
+        result = _judge(runtime, code, lines, stderr, where, raise_errors=False)
+        if result is None:
+            return None
+        results.append(result)
+    return results
 
 
 def _judge(
