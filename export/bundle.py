@@ -294,27 +294,41 @@ def _add_data(staging: pathlib.Path, loaded: Source, draft: _Draft, log) -> None
     )
 
 
+def saved_model_kinds(selected, has_ranges: bool, token_model: bool) -> dict[str, str]:
+    """The SavedModel pair (`saved_models`) each selected mode converts: "ranges"
+    for int8 of a run with ranges.json (keras_mha.qat), "newton" for int16x8 of a
+    token-id model (ai-edge-quantizer's graph, its LayerNorms refined), "plain"
+    for the rest. Only the kinds named are written: an int16x8-only export of
+    MiniLM writes one pair, not two (about 25 s)."""
+    kinds = {}
+    for mode in selected:
+        if mode == "int8" and has_ranges:
+            kinds[mode] = "ranges"
+        elif mode == "int16x8" and token_model:
+            kinds[mode] = "newton"
+        else:
+            kinds[mode] = "plain"
+    return kinds
+
+
 def _convert(staging: pathlib.Path, loaded: Source, selected, draft: _Draft, log) -> None:
     """Each mode converted at batch 1 into `staging`, its graph checked (`convert_mode`)."""
     with tempfile.TemporaryDirectory(prefix="keras-mha-export-") as scratch:
         scratch = pathlib.Path(scratch)
-        models = saved_models(loaded.model, scratch, loaded.has_attention, length=loaded.length)
-        int8_models = None
-        if loaded.ranges is not None and "int8" in selected:
-            int8_models = saved_models(
-                loaded.model, scratch, loaded.has_attention, loaded.ranges, loaded.length
-            )
-            log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
-        int16_models = None
-        if "int16x8" in selected and token_ids(loaded.calibration):  # ai-edge-quantizer's
-            int16_models = saved_models(
-                loaded.model, scratch, loaded.has_attention, length=loaded.length,
-                newton_steps=INT16_NEWTON_STEPS,
+        kinds = saved_model_kinds(
+            selected, loaded.ranges is not None, token_ids(loaded.calibration)
+        )
+        made = {}
+        for kind in dict.fromkeys(kinds.values()):  # each pair written once, none unused
+            made[kind] = saved_models(
+                loaded.model, scratch, loaded.has_attention,
+                ranges=loaded.ranges if kind == "ranges" else None, length=loaded.length,
+                newton_steps=INT16_NEWTON_STEPS if kind == "newton" else 0,
             )  # fmt: skip
+            if kind == "ranges":
+                log(f"  int8 takes {len(loaded.ranges)} ranges from ranges.json (keras_mha.qat)")
         for mode in selected:
-            model, view = int8_models if mode == "int8" and int8_models else models
-            if mode == "int16x8" and int16_models:
-                model, view = int16_models
+            model, view = made[kinds[mode]]
             entry, found = convert_mode(
                 model,
                 mode,

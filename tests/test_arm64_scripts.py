@@ -653,7 +653,8 @@ def _ids_model(length: int | None) -> bytes:
 def test_the_device_runs_a_dynamic_length_model_at_each_samples_own_length():
     """The raw outputs test.sh compares (the edge demo's --raw) come from
     `EdgeModel.run`: a dynamic sequence axis runs each sentence at its own
-    length, a fixed one at the full width."""
+    length (the sentences grouped by length: one re-plan a length), a fixed one
+    at the full width."""
     from edge_demo.runtimes.model import EdgeModel
     from edge_demo.runtimes.runtime import select_runtime
 
@@ -667,9 +668,13 @@ def test_the_device_runs_a_dynamic_length_model_at_each_samples_own_length():
     assert dynamic.dynamic_length and not fixed.dynamic_length
     # Each sentence without its trailing padding (an id 0 inside stays; an empty one
     # runs at length 1), as the device runs it; a fixed model at the full 6.
+    replans, resize = [], dynamic._resize
+    dynamic._resize = lambda n: (n != dynamic._length and replans.append(n), resize(n))
     raw, _ = dynamic.run(ids)  # int32 ids: the input tensor takes them as they are
     assert raw.dtype == np.float32
     assert raw.tolist() == [[17, 3, 9], [7, 1, 7], [21, 6, 6], [0, 1, 0], [6, 3, 2]]
+    # grouped by length (lengths 3 1 6 1 3): one re-plan a length, outputs in ids' order
+    assert replans == [1, 3, 6], replans
     raw, _ = fixed.run(fixed.prepare(ids))
     assert raw.tolist() == [[17, 6, 0], [7, 6, 0], [21, 6, 6], [0, 6, 0], [6, 6, 0]]
 

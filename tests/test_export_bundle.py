@@ -208,3 +208,21 @@ def test_benchmark_times_through_the_device_wrapper(exported):
     latency = bench_edge.litert_latency({"digits": exported["out"]}, repeats=2)
     assert set(latency["digits"]) == set(MODES)
     assert all(us > 0 for us in latency["digits"].values())
+
+
+def test_each_mode_converts_the_saved_model_it_needs_and_no_other():
+    """export_bundle writes a SavedModel pair (model and attention view) per kind a
+    selected mode converts: plain, int8 with a QAT run's ranges, int16x8 of a token-id
+    model (ai-edge-quantizer's graph); an int16x8-only export writes one pair."""
+    from keras_mha_export.bundle import saved_model_kinds
+
+    every = list(MODES)
+    assert saved_model_kinds(every, False, False) == dict.fromkeys(every, "plain")
+    kinds = saved_model_kinds(every, True, True)
+    assert kinds == {**dict.fromkeys(every, "plain"), "int8": "ranges", "int16x8": "newton"}
+    assert saved_model_kinds(["int16x8"], False, True) == {"int16x8": "newton"}
+    assert saved_model_kinds(["int8"], True, False) == {"int8": "ranges"}
+    # images: TF's own 16x8 quantizer takes the plain graph
+    assert saved_model_kinds(["int16x8", "float32"], True, False) == dict.fromkeys(
+        ["int16x8", "float32"], "plain"
+    )

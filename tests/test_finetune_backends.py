@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import numpy as np
 import pytest
 
 from keras_mha.examples import topic_rows, write_csv
@@ -36,7 +37,8 @@ def test_fine_tuning_runs_on_this_backend_and_exports_on_tensorflow(
     0.38 of the first's on JAX and on PyTorch (the first epoch starts near ln 29,
     chance). Asserted: below 0.9 of it (a random encoder with a trainable head
     learns the frequent topic words; the measured fall, 0.62, is six times the
-    0.1 asked), the run records its backend, and TensorFlow's float32 export of
+    0.1 asked), the run records its backend, its embedding layer is the
+    checkpoint's and its blocks are not, and TensorFlow's float32 export of
     the run verifies (each probability within float32's bound of what the other
     backend computed)."""
     python = REPO / f".venv-{backend}" / "bin" / "python"
@@ -56,12 +58,25 @@ def test_fine_tuning_runs_on_this_backend_and_exports_on_tensorflow(
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["fine_tuned"]["backend"] == backend
+    assert metrics["fine_tuned"]["frozen"] == ["embedding"]
     loss = metrics["train_loss"]
     assert len(loss) == EPOCHS
     figure(f"{backend} fine-tuning loss last/first", loss[-1] / loss[0], "< 0.9")
     assert loss[-1] < 0.9 * loss[0], loss
 
+    # The embedding layer is the checkpoint's, weight for weight, whatever the
+    # backend: fine-tuning trains the blocks and the head only; the blocks moved.
+    from keras_mha.pretrained.encoder import load
+    from keras_mha.rundir.embedding import read_embedding_run
     from keras_mha_export.bundle import export_bundle
+
+    tuned = read_embedding_run(run).load_model()
+    pretrained = load(str(tiny["dir"]), 48).model
+    for name in ("embedding", "transformer_layer_0"):
+        before = pretrained.get_layer(name).get_weights()
+        after = tuned.get_layer(name).get_weights()
+        changed = [not np.array_equal(a, b) for a, b in zip(before, after, strict=True)]
+        assert not any(changed) if name == "embedding" else all(changed), (name, changed)
 
     manifest = export_bundle(run, tmp_path / "bundle", "float32", log=lambda line: None)
     assert manifest.verified == ["float32"], manifest.failed

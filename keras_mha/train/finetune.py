@@ -10,7 +10,10 @@ a held-out test split (`--test-fraction`, default 0.2; at least one row of
 every class) that training never sees, and the rest. The encoder (any
 checkpoint keras-mha-import takes) gets a classification head on its pooled
 sentence vector (Dense + tanh, Dense, softmax: the layout of an imported
-classifier) and every weight is trained with AdamW on the cross-entropy.
+classifier) and trained with AdamW on the cross-entropy, every weight but the
+embedding layer's: the word-piece, position and segment tables stay as
+pretrained, so words no training row has keep their place beside the words
+trained on.
 
 The run holds the model, the held-out rows as its eval set (their float
 probabilities: the parity reference), training rows for int8 calibration,
@@ -287,6 +290,11 @@ def finetune(
     keras.utils.set_random_seed(seed)
     model = build_encoder(config)
     load_weights(model, dataclasses.replace(config, labels=()), encoder.checkpoint.tensors())
+    # The word-piece, position and segment tables (and their LayerNorm) stay as
+    # pretrained: a word no training row has keeps its place beside the words
+    # trained on, and AdamW skips 12 M of MiniLM's 23 M weights each step.
+    embedding = model.get_layer("embedding")
+    embedding.trainable = False
     model.compile(
         optimizer=keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=WEIGHT_DECAY),
         loss=keras.losses.SparseCategoricalCrossentropy(),
@@ -304,6 +312,7 @@ def finetune(
         callbacks=callbacks,
     )
     seconds = time.perf_counter() - started
+    embedding.trainable = True  # the run's model, as any other: every weight trainable
     probs = encoder_probs(model, ids[test])
     predicted = probs.argmax(1)
     per_class = {
@@ -323,6 +332,7 @@ def finetune(
             "batch_size": batch_size,
             "learning_rate": learning_rate,
             "weight_decay": WEIGHT_DECAY,
+            "frozen": [embedding.name],  # as pretrained; every other weight trained
             "test_fraction": test_fraction,
             "text_column": data.text_column,
             "label_column": data.label_column,
