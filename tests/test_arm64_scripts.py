@@ -118,8 +118,8 @@ MODES = {
 # files + 30 raw checks = 100 (58 before the encoder, 69 before the reranker, 95
 # before the pronouns' int16x8).
 CHECKS = 1 + sum(3 * (1 + len(m)) + 1 + 2 + 2 * len(m) for m in MODES.values())
-# The encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
-# one 384-element unit vector each.
+# A stand-in encoder's eval set: 389 corpus sentences (keras_mha.pretrained.corpus.split()),
+# one 384-element unit vector each (make test-arm64's own bundle keeps 50: mk/arm64.mk).
 SENTENCES, WIDTH = 389, 384
 # The edge demo's figures for the dynamic encoder on x86-64 (docs/pretrained.md).
 ENCODER_REPORT = {

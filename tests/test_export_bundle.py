@@ -210,19 +210,51 @@ def test_benchmark_times_through_the_device_wrapper(exported):
     assert all(us > 0 for us in latency["digits"].values())
 
 
-def test_each_mode_converts_the_saved_model_it_needs_and_no_other():
-    """export_bundle writes a SavedModel pair (model and attention view) per kind a
-    selected mode converts: plain, int8 with a QAT run's ranges, int16x8 of a token-id
-    model (ai-edge-quantizer's graph); an int16x8-only export writes one pair."""
-    from keras_mha_export.bundle import saved_model_kinds
+@pytest.mark.parametrize(
+    "modes, ranges, ids, written",
+    [
+        ("float32,dynamic,float16,int8,int16x8", False, False, ["plain"]),
+        ("float32,dynamic,float16,int8,int16x8", True, True, ["plain", "ranges", "newton"]),
+        ("int16x8", False, True, ["newton"]),  # ai-edge-quantizer's graph only
+        ("int8", True, False, ["ranges"]),  # a QAT run's ranges only
+        ("float32,int16x8", True, False, ["plain"]),  # images: TF's 16x8 takes the plain graph
+    ],
+)
+def test_each_mode_converts_the_saved_model_it_needs_and_no_other(
+    monkeypatch, tmp_path, modes, ranges, ids, written
+):
+    """export_bundle's conversion writes one SavedModel pair (model and attention
+    view) per kind its modes convert, and no other: plain; int8 with a QAT run's
+    ranges; int16x8 of a token-id model (its LayerNorms refined). An int16x8-only
+    export of a token-id model writes one pair, not two."""
+    import types
 
-    every = list(MODES)
-    assert saved_model_kinds(every, False, False) == dict.fromkeys(every, "plain")
-    kinds = saved_model_kinds(every, True, True)
-    assert kinds == {**dict.fromkeys(every, "plain"), "int8": "ranges", "int16x8": "newton"}
-    assert saved_model_kinds(["int16x8"], False, True) == {"int16x8": "newton"}
-    assert saved_model_kinds(["int8"], True, False) == {"int8": "ranges"}
-    # images: TF's own 16x8 quantizer takes the plain graph
-    assert saved_model_kinds(["int16x8", "float32"], True, False) == dict.fromkeys(
-        ["int16x8", "float32"], "plain"
-    )
+    from keras_mha_export import bundle
+
+    made, used = [], {}
+
+    def saved_models(model, scratch, view, ranges=None, length=None, newton_steps=0):
+        kind = "ranges" if ranges is not None else "newton" if newton_steps else "plain"
+        made.append(kind)
+        return f"{kind}-model", f"{kind}-view"
+
+    def convert_mode(model, mode, *args, **kwargs):
+        used[mode] = model
+        return None, ["stub"]
+
+    monkeypatch.setattr(bundle, "saved_models", saved_models)
+    monkeypatch.setattr(bundle, "convert_mode", convert_mode)
+    x = np.zeros((3, 8), np.int32 if ids else np.float32)
+    loaded = types.SimpleNamespace(
+        model=None, has_attention=True, length=None, ranges={"r": 1} if ranges else None,
+        calibration=x, eval=types.SimpleNamespace(x=x), task="classification", dynamic=False,
+        pad_id=None,
+    )  # fmt: skip
+    selected = tuple(modes.split(","))
+    draft = bundle._Draft(loaded, selected, None, 0.0)
+    logged = []
+    bundle._convert(tmp_path, loaded, selected, draft, logged.append)
+    assert made == written
+    kinds = bundle.saved_model_kinds(selected, ranges, ids)
+    assert used == {mode: f"{kinds[mode]}-model" for mode in selected}
+    assert sum("ranges from ranges.json" in line for line in logged) == ("ranges" in written)

@@ -85,8 +85,9 @@ def test_pronouns_per_head_qat_exports_int8_with_each_heads_own_ranges(
     pronouns model): every head has its own points in ranges.json, and int8
     verifies under the thresholds every int8 model has. It starts from the
     default run's trained weights (`--start`, computed per head: the same
-    variables), as `keras-mha-train --start runs/pronouns --qat 3 --attention
-    per_head` does, instead of training the model again.
+    variables): the command `keras-mha-train --start RUN --qat 3 --attention
+    per_head`, instead of training the model again; the start is named and
+    left as it was.
 
     What holds on any CPU, and why: int8 may change at most
     changes_allowed(1500) = 25 of the float model's 1,500 predictions (the 1 %
@@ -100,14 +101,21 @@ def test_pronouns_per_head_qat_exports_int8_with_each_heads_own_ranges(
     an AMD EPYC when this model was trained per head from scratch,
     docs/quantization.md).
     """
-    from keras_mha.train import train
+    from keras_mha.train.cli import main as train_main
     from keras_mha_export.bundle import export_bundle
 
     run = tmp_path / "pronouns"
-    metrics = train(
-        "pronouns", run, qat_epochs=3, implementation="per_head", start=pronouns_run, verbose=0
-    )
+    started = json.loads((pronouns_run / "metrics.json").read_text())
+    argv = ["--start", str(pronouns_run), "--qat", "3", "--attention", "per_head"]
+    assert train_main([*argv, "--out", str(run), "--quiet"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["start"]["run"] == str(pronouns_run)
+    assert len(metrics["start"]["model_sha256"]) == 64
+    assert metrics["history"] == started["history"]  # its training is the start's
+    assert metrics["qat"]["epochs"] == 3 and metrics["config"]["implementation"] == "per_head"
+    assert json.loads((pronouns_run / "metrics.json").read_text()) == started  # untouched
+    # before the rounding, the per-head graph gave the fused run's own test accuracy
+    assert metrics["qat"]["test_accuracy_float_before"] == pytest.approx(started["test_accuracy"])
     ranges = qat.load_ranges(run / "ranges.json")
     for block in range(2):  # the preset: 2 blocks of 4 heads
         for i in range(4):

@@ -155,31 +155,18 @@ def test_start_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
-def test_start_fine_tunes_a_run_with_rounding_per_head(tiny_pronouns, capsys):
-    """--start RUN --qat 1 --attention per_head: the run's weights, computed per
-    head, fine-tuned with rounding; ranges for every head; the start named."""
-    import json
-
-    from keras_mha import qat
-    from keras_mha.rundir import read_run
-
-    assert main(["--start", str(tiny_pronouns), "--qat", "1", "--attention", "per_head"]) == 0
-    out = tiny_pronouns.parent / "pronouns_qat"  # the default: beside the run it started from
-    started, done = read_run(tiny_pronouns), read_run(out)
-    metrics = done.metrics
-    assert metrics["start"]["run"] == str(tiny_pronouns)
-    assert len(metrics["start"]["model_sha256"]) == 64
-    assert metrics["history"] == started.metrics["history"]  # its training is the start's
-    assert metrics["qat"]["epochs"] == 1 and metrics["config"]["implementation"] == "per_head"
-    assert json.loads((tiny_pronouns / "metrics.json").read_text()) == started.metrics  # untouched
-    ranges = qat.load_ranges(out / "ranges.json")
-    assert "transformer_layer_0/attention/query_1" in ranges  # a point of each head
-    # before the rounding, the per-head model gave the run's own test accuracy
-    assert metrics["qat"]["test_accuracy_float_before"] == pytest.approx(
-        started.metrics["test_accuracy"]
+def test_start_writes_beside_the_run_by_default(tiny_pronouns, capsys):
+    """Without --out, --start RUN writes RUN_qat: a folder there is refused, not
+    replaced, before any training (tests/test_qat_runs.py runs the command)."""
+    beside = tiny_pronouns.parent / "pronouns_qat"
+    beside.mkdir()
+    (beside / "notes.txt").write_text("mine")
+    fails(
+        ["--start", str(tiny_pronouns), "--qat", "1"],
+        r"pronouns_qat: exists and is not empty",
+        capsys,
     )
-    assert "pronouns_qat" in capsys.readouterr().out
+    assert [p.name for p in beside.iterdir()] == ["notes.txt"]
 
 
 def test_help_and_argument_errors_do_not_import_tensorflow():

@@ -280,7 +280,7 @@ class EdgeModel:
         resize = self._resize
         i, began = 0, clock()
         try:
-            k = order[0] if n else 0  # the first sample the loop runs
+            i = k = order[0] if n else 0  # the first sample the loop runs (errors name it)
             first = prepared[k : k + 1]
             if lengths is not None:
                 resize(int(lengths[k]))
