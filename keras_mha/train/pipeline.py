@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from bundle_contract.files import sha256_file
 from keras_mha import data as datasets
 from keras_mha.rundir import RunWriter
 from keras_mha.train import memory
@@ -113,7 +114,8 @@ def train(
             )
         metrics = run_metrics(data, config, settings, fitted, distribute, deterministic)
         if begun is not None:
-            metrics["start"] = {"run": str(begun.path), "model_sha256": _sha256(begun.path)}
+            model_sha256 = sha256_file(begun.path / "model.keras")
+            metrics["start"] = {"run": str(begun.path), "model_sha256": model_sha256}
         if qat is not None:
             metrics["qat"] = qat
             (writer.staging / "ranges.json").write_bytes(ranges_json(ranges, rule=qat["rule"]))
@@ -184,9 +186,3 @@ def _fitted_from(run, config, data):
         val_probs=model.predict(data.x_val, batch_size=256, verbose=0),
     )
     return fitted
-
-
-def _sha256(run) -> str:
-    import hashlib
-
-    return hashlib.sha256((run / "model.keras").read_bytes()).hexdigest()
