@@ -199,6 +199,7 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         self._d_key_in = int(key_shape[-1])
         self._d_value_in = int(value_shape[-1])
         h, h_kv = self.num_heads, self.num_key_value_heads
+        self._check_layout(query_shape, d_k, d_v)
         # Query head i owns kernel[:, i, :] of the query (and gate) projection;
         # key/value head g owns kernel[:, g, :] of the key and value projections.
         inputs = {
@@ -234,6 +235,29 @@ class MultiHeadAttention(KerasNames, keras.layers.Layer):
         self._output_dense.build(tuple(query_shape[:-1]) + (h, d_v))
         self._dropout_layer.build(None)
         self.built = True
+
+    def _check_layout(self, query_shape, d_k: int, d_v: int) -> None:
+        """Under keras.distribution.ModelParallel: a LayoutMap that splits the
+        heads (or any axis) over devices that do not divide them is refused in
+        one line naming this layer (keras_mha/distribution.py)."""
+        from keras_mha.distribution import check_layer_layout
+
+        h, h_kv = self.num_heads, self.num_key_value_heads
+        d_in = (int(query_shape[-1]), self._d_key_in, self._d_value_in)
+        shapes = {
+            "query": ((d_in[0], h, d_k), (h, d_k)),
+            "key": ((d_in[1], h_kv, d_k), (h_kv, d_k)),
+            "value": ((d_in[2], h_kv, d_v), (h_kv, d_v)),
+            "attention_output": ((h, d_v, *self._d_out), tuple(self._d_out)),
+        }
+        if self._use_gate:
+            shapes["gate"] = ((d_in[0], h, d_v), (h, d_v))
+        variables = {}
+        for name, (kernel, bias) in shapes.items():
+            variables[f"{name}/kernel"] = kernel
+            if self.use_bias:
+                variables[f"{name}/bias"] = bias
+        check_layer_layout(self, variables)
 
     def _sublayer_kwargs(self) -> dict:
         """Keras's: fresh initializer instances per projection (so they are

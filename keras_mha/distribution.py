@@ -1,0 +1,151 @@
+"""Our layers on many devices with `keras.distribution` (docs/distribution.md).
+
+A query, key or value kernel is (d_in, h, d) and the output kernel W^O is
+(h, d_v, d_out): head i owns `kernel[:, i, :]` and `output_kernel[i]`.
+Sharding the h axis over the mesh's model axis gives each device whole heads:
+it projects and attends with its own heads, and only W^O's sum over heads
+crosses devices (Megatron-LM's split; keras-hub's layout maps for Gemma do
+the same). A feed-forward's first kernel is split by its columns and the
+second by its rows, so each device contracts the hidden units it computed.
+Embeddings, norms and heads of a classifier stay whole on every device.
+
+    mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"),
+                                         keras.distribution.list_devices())
+    layouts = layout_map(model, mesh)          # model: built, on one device
+    distribution = keras.distribution.ModelParallel(layout_map=layouts,
+                                                    batch_dim_name="batch")
+    keras.distribution.set_distribution(distribution)
+    sharded = keras.models.clone_model(model)  # the same names, so the same paths
+    sharded.set_weights(model.get_weights())
+
+Keras's distribution API shards on JAX (TensorFlow and PyTorch users use
+tf.distribute or torch.distributed instead: docs/distribution.md).
+"""
+
+from __future__ import annotations
+
+import re
+
+import keras
+
+MODEL_AXIS = "model"
+BATCH_AXIS = "batch"
+
+
+def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
+    """A `keras.distribution.LayoutMap` for `model` (built) on `mesh`: every
+    attention layer of ours (and Keras's, whose kernels are laid out alike)
+    split by heads over `model_axis`, every feed-forward of our blocks by its
+    hidden units. A count the axis does not divide is refused in one line
+    (ValueError) naming the layer and the counts."""
+    from keras_mha.attention.layer import MultiHeadAttention
+    from keras_mha.decoder.layers import SwiGLU
+    from keras_mha.layers import TransformerEncoderBlock
+
+    if model_axis not in mesh.axis_names:
+        raise ValueError(
+            f"the mesh has no axis {model_axis!r} to split heads on; its axes are "
+            f"{', '.join(map(repr, mesh.axis_names))}"
+        )
+    if not model.built:
+        raise ValueError(f"{model.name} is not built: build it (call it once) before its layout")
+    layouts = keras.distribution.LayoutMap(mesh)
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, (MultiHeadAttention, keras.layers.MultiHeadAttention)):
+            specs = _attention_specs(layer, model_axis)
+        elif isinstance(layer, TransformerEncoderBlock):
+            specs = _ffn_specs([layer._ffn_in], [layer._ffn_out], model_axis)
+        elif isinstance(layer, SwiGLU):
+            specs = _ffn_specs([layer.gate, layer.up], [layer.down], model_axis)
+        else:
+            continue
+        for variable, axes in specs:
+            check_divides(layer.path, variable.path, tuple(variable.shape), axes, mesh)
+            layouts[re.escape(variable.path)] = axes
+    return layouts
+
+
+def _attention_specs(layer, axis: str):
+    """(variable, axes) of an attention layer's projections: heads on `axis`."""
+    out = []
+    for dense in _sublayers(layer):
+        kernel = dense.kernel
+        if dense.name == "attention_output":  # (h, d_v, *d_out)
+            out.append((kernel, (axis,) + (None,) * (len(kernel.shape) - 1)))
+        else:  # (d_in, h, d), its bias (h, d)
+            out.append((kernel, (None, axis) + (None,) * (len(kernel.shape) - 2)))
+            if getattr(dense, "bias", None) is not None:
+                out.append((dense.bias, (axis,) + (None,) * (len(dense.bias.shape) - 1)))
+    return out
+
+
+def _sublayers(layer):
+    """Its projections: Dense layers named as Keras's (ours and Keras's layer alike)."""
+    names = ("query", "key", "value", "gate", "attention_output")
+    return [
+        sub
+        for sub in layer._flatten_layers(include_self=False, recursive=False)
+        if sub.name in names and getattr(sub, "kernel", None) is not None
+    ]
+
+
+def _ffn_specs(first, second, axis: str):
+    """Column-split the first Dense layers (and their biases), row-split the second."""
+    out = []
+    for dense in first:
+        out.append((dense.kernel, (None, axis)))
+        if dense.bias is not None:
+            out.append((dense.bias, (axis,)))
+    for dense in second:
+        out.append((dense.kernel, (axis, None)))
+    return out
+
+
+def check_divides(where: str, path: str, shape: tuple, axes, mesh) -> None:
+    """One line (ValueError) when a mesh axis in `axes` does not divide its dimension."""
+    for dim, name in enumerate(axes):
+        if name is None:
+            continue
+        size = int(mesh.shape[list(mesh.axis_names).index(name)])
+        if shape[dim] % size:
+            what = _what(path, dim)
+            raise ValueError(
+                f"{where}: {shape[dim]} {what} of {path} {shape} do not divide over the "
+                f"{size} devices of mesh axis {name!r}; use a mesh whose {name!r} axis "
+                f"divides {shape[dim]}, or leave {path.rsplit('/', 2)[-2]} unsplit"
+            )
+
+
+def _what(path: str, dim: int) -> str:
+    """What dimension `dim` of the variable at `path` counts."""
+    name = path.rsplit("/", 2)[-2]
+    if name in ("query", "key", "value", "gate"):
+        return "heads" if dim == (0 if path.endswith("bias") else 1) else "values"
+    if name == "attention_output":
+        return "heads" if dim == 0 else "values"
+    return "units"
+
+
+class _Probe:
+    """What `Distribution.get_variable_layout` reads of a variable not yet made."""
+
+    _layout = None
+
+    def __init__(self, path: str, shape: tuple):
+        self.path, self.shape = path, shape
+
+
+def check_layer_layout(layer, variables: dict[str, tuple]) -> None:
+    """Before `layer` makes its variables (`{sublayer/name: shape}`): under a
+    ModelParallel distribution, a layout that splits a dimension over a mesh
+    axis that does not divide it is refused in one line naming the layer and
+    the counts, instead of failing inside XLA when the variable is placed."""
+    distribution = keras.distribution.distribution()
+    if not isinstance(distribution, keras.distribution.ModelParallel):
+        return
+    for name, shape in variables.items():
+        path = f"{layer.path}/{name}"
+        layout = distribution.get_variable_layout(_Probe(path, tuple(shape)))
+        mesh = layout.device_mesh or distribution.device_mesh
+        if layout.axes is not None and len(layout.axes) == len(shape):
+            check_divides(layer.path, path, tuple(shape), layout.axes, mesh)
