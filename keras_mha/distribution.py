@@ -33,11 +33,17 @@ BATCH_AXIS = "batch"
 
 
 def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
-    """A `keras.distribution.LayoutMap` for `model` (built) on `mesh`: every
-    attention layer of ours (and Keras's, whose kernels are laid out alike)
-    split by heads over `model_axis`, every feed-forward of our blocks by its
-    hidden units. A count the axis does not divide is refused in one line
-    (ValueError) naming the layer and the counts."""
+    """A `keras.distribution.LayoutMap` for `model` (built) on `mesh`.
+
+    Every attention layer of ours (and Keras's MultiHeadAttention, whose
+    kernels are laid out alike) is split by query heads over `model_axis`; its
+    key/value heads too when the axis divides them, else they stay whole on
+    every device (grouped-query attention with fewer key/value heads than
+    devices, as Megatron-LM does). The feed-forward of our encoder and decoder
+    blocks is split by its hidden units when the axis divides them, else kept
+    whole. Query heads the axis does not divide are refused in one line
+    (ValueError) naming the layer and the counts.
+    """
     from keras_mha.attention.layer import MultiHeadAttention
     from keras_mha.decoder.layers import SwiGLU
     from keras_mha.layers import TransformerEncoderBlock
@@ -49,14 +55,15 @@ def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
         )
     if not model.built:
         raise ValueError(f"{model.name} is not built: build it (call it once) before its layout")
+    devices = int(mesh.shape[list(mesh.axis_names).index(model_axis)])
     layouts = keras.distribution.LayoutMap(mesh)
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, (MultiHeadAttention, keras.layers.MultiHeadAttention)):
-            specs = _attention_specs(layer, model_axis)
+            specs = _attention_specs(layer, model_axis, devices)
         elif isinstance(layer, TransformerEncoderBlock):
-            specs = _ffn_specs([layer._ffn_in], [layer._ffn_out], model_axis)
+            specs = _ffn_specs([layer._ffn_in], [layer._ffn_out], model_axis, devices)
         elif isinstance(layer, SwiGLU):
-            specs = _ffn_specs([layer.gate, layer.up], [layer.down], model_axis)
+            specs = _ffn_specs([layer.gate, layer.up], [layer.down], model_axis, devices)
         else:
             continue
         for variable, axes in specs:
@@ -65,17 +72,29 @@ def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
     return layouts
 
 
-def _attention_specs(layer, axis: str):
-    """(variable, axes) of an attention layer's projections: heads on `axis`."""
+def _kernel(dense):
+    """The kernel variable (`.kernel` is a computed array once LoRA is on)."""
+    kernel = getattr(dense, "_kernel", None)
+    return dense.kernel if kernel is None else kernel
+
+
+def _attention_specs(layer, axis: str, devices: int):
+    """(variable, axes) of an attention layer's projections: heads on `axis`.
+
+    Query (and gate) heads and W^O always (check_divides refuses a count the
+    axis does not divide); key/value heads when the axis divides them."""
     out = []
     for dense in _sublayers(layer):
-        kernel = dense.kernel
-        if dense.name == "attention_output":  # (h, d_v, *d_out)
+        kernel = _kernel(dense)
+        if dense.name == "attention_output":  # (h, d_v, *d_out); its bias stays whole
             out.append((kernel, (axis,) + (None,) * (len(kernel.shape) - 1)))
-        else:  # (d_in, h, d), its bias (h, d)
-            out.append((kernel, (None, axis) + (None,) * (len(kernel.shape) - 2)))
-            if getattr(dense, "bias", None) is not None:
-                out.append((dense.bias, (axis,) + (None,) * (len(dense.bias.shape) - 1)))
+            continue
+        heads = kernel.shape[1]  # (d_in, h, d), its bias (h, d)
+        if dense.name in ("key", "value") and heads % devices:
+            continue  # fewer key/value heads than the axis splits: whole on every device
+        out.append((kernel, (None, axis) + (None,) * (len(kernel.shape) - 2)))
+        if getattr(dense, "bias", None) is not None:
+            out.append((dense.bias, (axis,) + (None,) * (len(dense.bias.shape) - 1)))
     return out
 
 
@@ -89,40 +108,46 @@ def _sublayers(layer):
     ]
 
 
-def _ffn_specs(first, second, axis: str):
-    """Column-split the first Dense layers (and their biases), row-split the second."""
+def _ffn_specs(first, second, axis: str, devices: int):
+    """Column-split the first Dense layers (and their biases), row-split the
+    second; all whole when the axis does not divide the hidden units."""
+    if any(_kernel(dense).shape[-1] % devices for dense in first):
+        return []
     out = []
     for dense in first:
-        out.append((dense.kernel, (None, axis)))
+        out.append((_kernel(dense), (None, axis)))
         if dense.bias is not None:
             out.append((dense.bias, (axis,)))
     for dense in second:
-        out.append((dense.kernel, (axis, None)))
+        out.append((_kernel(dense), (axis, None)))
     return out
 
 
 def check_divides(where: str, path: str, shape: tuple, axes, mesh) -> None:
-    """One line (ValueError) when a mesh axis in `axes` does not divide its dimension."""
-    for dim, name in enumerate(axes):
+    """One line (ValueError) when a mesh axis in `axes` (as long as `shape` or
+    shorter, as Keras takes them) does not divide its dimension."""
+    for dim, (size_of_dim, name) in enumerate(zip(shape, axes)):
         if name is None:
             continue
         size = int(mesh.shape[list(mesh.axis_names).index(name)])
-        if shape[dim] % size:
+        if size_of_dim % size:
             what = _what(path, dim)
             raise ValueError(
-                f"{where}: {shape[dim]} {what} of {path} {shape} do not divide over the "
+                f"{where}: {size_of_dim} {what} of {path} {shape} do not divide over the "
                 f"{size} devices of mesh axis {name!r}; use a mesh whose {name!r} axis "
-                f"divides {shape[dim]}, or leave {path.rsplit('/', 2)[-2]} unsplit"
+                f"divides {size_of_dim}"
             )
 
 
 def _what(path: str, dim: int) -> str:
     """What dimension `dim` of the variable at `path` counts."""
-    name = path.rsplit("/", 2)[-2]
+    name, variable = path.rsplit("/", 2)[-2:]
     if name in ("query", "key", "value", "gate"):
-        return "heads" if dim == (0 if path.endswith("bias") else 1) else "values"
-    if name == "attention_output":
-        return "heads" if dim == 0 else "values"
+        if variable == "bias":
+            return "heads" if dim == 0 else "features"
+        return ("input features", "heads", "features")[min(dim, 2)]
+    if name == "attention_output" and variable == "kernel":
+        return "heads" if dim == 0 else "features"
     return "units"
 
 
@@ -147,5 +172,5 @@ def check_layer_layout(layer, variables: dict[str, tuple]) -> None:
         path = f"{layer.path}/{name}"
         layout = distribution.get_variable_layout(_Probe(path, tuple(shape)))
         mesh = layout.device_mesh or distribution.device_mesh
-        if layout.axes is not None and len(layout.axes) == len(shape):
+        if layout.axes is not None and len(layout.axes) <= len(shape):
             check_divides(layer.path, path, tuple(shape), layout.axes, mesh)

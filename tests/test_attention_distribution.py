@@ -66,6 +66,8 @@ def build():  # every layer the map splits: attention (all heads, grouped), both
     h = MultiHeadAttention(num_heads=8, key_dim=4, name="mha")(inputs, inputs)
     h = GroupedQueryAttention(head_dim=4, num_query_heads=8, num_key_value_heads=4,
                               name="gqa")(h, h)
+    h = GroupedQueryAttention(head_dim=4, num_query_heads=8, num_key_value_heads=2,
+                              name="gqa_two")(h, h)  # 2 key/value heads, 4 devices: whole
     h = TransformerEncoderBlock(8, 64, name="encoder_block")(h)
     h = DecoderBlock(DECODER, name="decoder_block")(h)[0]
     h = keras.layers.MultiHeadAttention(num_heads=4, key_dim=8, name="keras")(h, h)  # Keras's
@@ -117,7 +119,7 @@ print(json.dumps(out))
 def test_sharded_layers_give_the_single_device_outputs_and_gradients():
     found = _run(SHARDED_AGREES)
     # The same float32 sums in another order (4 devices' partial sums of W^O's
-    # contraction over heads and of the feed-forward's): each of the 4 layers
+    # contraction over heads and of the feed-forward's): each of the 6 layers
     # rounds a few ulps (1.2e-7 of the value) apart. Measured on an Intel Xeon:
     # 3.8e-7 of the largest output, 3.0e-7 of the largest gradient (heads), 0 and
     # 2.2e-7 (data). Bound: 2e-6 of the largest, 17 ulps.
@@ -126,27 +128,35 @@ def test_sharded_layers_give_the_single_device_outputs_and_gradients():
         assert got["out"] <= 2e-6 * found["scale"], (kind, got)
         assert got["grads"] <= 2e-6 * found["grad_scale"], (kind, got)
     assert found["data"]["specs"] == {}  # DataParallel: every weight whole on every device
-    specs = found["heads"]["specs"]
-    heads = [None, "model", None]
-    assert {k: v for k, v in specs.items() if k.startswith("mha/")} == {
-        "mha/query/kernel": heads,
-        "mha/query/bias": ["model", None],
-        "mha/key/kernel": heads,
-        "mha/key/bias": ["model", None],
-        "mha/value/kernel": heads,
-        "mha/value/bias": ["model", None],
-        "mha/attention_output/kernel": ["model", None, None],
-    }
-    assert specs["gqa/key/kernel"] == specs["gqa/value/kernel"] == heads  # 4 groups over 4
-    assert specs["encoder_block/attention/query/kernel"] == heads
-    assert specs["encoder_block/ffn_in/kernel"] == [None, "model"]
-    assert specs["encoder_block/ffn_out/kernel"] == ["model", None]
-    assert specs["decoder_block/attention/key/kernel"] == heads
-    assert specs["decoder_block/ffn/gate/kernel"] == specs["decoder_block/ffn/up/kernel"]
-    assert specs["decoder_block/ffn/down/kernel"] == ["model", None]
-    assert specs["keras/query/kernel"] == heads  # Keras's layer: its kernels are laid out alike
-    assert specs["keras/attention_output/kernel"] == ["model", None, None]
-    assert not any("norm" in path or "embedding" in path for path in specs)  # whole everywhere
+    assert found["heads"]["specs"] == expected_specs()
+
+
+def expected_specs() -> dict:
+    """What layout_map asks of the model SHARDED_AGREES builds, written out."""
+    heads, output = [None, "model", None], ["model", None, None]
+    specs = {}
+
+    def attention(prefix: str, bias: bool = True, key_value: bool = True):
+        names = ("query", "key", "value") if key_value else ("query",)
+        for name in names:
+            specs[f"{prefix}/{name}/kernel"] = heads
+            if bias:
+                specs[f"{prefix}/{name}/bias"] = ["model", None]
+        specs[f"{prefix}/attention_output/kernel"] = output  # its bias stays whole
+
+    attention("mha")
+    attention("gqa")
+    attention("gqa_two", key_value=False)  # 2 key/value heads on 4 devices: whole
+    attention("encoder_block/attention")
+    specs["encoder_block/ffn_in/kernel"] = [None, "model"]
+    specs["encoder_block/ffn_in/bias"] = ["model"]
+    specs["encoder_block/ffn_out/kernel"] = ["model", None]
+    attention("decoder_block/attention", bias=False)
+    specs["decoder_block/ffn/gate/kernel"] = [None, "model"]
+    specs["decoder_block/ffn/up/kernel"] = [None, "model"]
+    specs["decoder_block/ffn/down/kernel"] = ["model", None]
+    attention("keras")  # Keras's own layer: its kernels are laid out alike
+    return specs
 
 
 REFUSED = """
@@ -154,6 +164,7 @@ import json
 import numpy as np, keras
 from keras_mha import MultiHeadAttention
 from keras_mha.distribution import layout_map
+from keras_mha.layers import TransformerEncoderBlock
 
 devices = keras.distribution.list_devices("cpu")[:2]
 mesh = keras.distribution.DeviceMesh((1, 2), ("batch", "model"), devices)
@@ -164,8 +175,15 @@ try:
     layout_map(model, mesh)
 except ValueError as error:
     messages["layout_map"] = str(error)
+# LoRA on (the kernel a computed array) and a feed-forward of 13 units (16 less 3
+# outliers) that 2 devices do not divide: heads split, that feed-forward whole
+lora = MultiHeadAttention(num_heads=4, key_dim=2, name="lora")
+h = TransformerEncoderBlock(2, 16, ffn_outliers=3, name="outliers")(lora(inputs, inputs))
+lora.enable_lora(2)
+messages["keys"] = sorted(layout_map(keras.Model(inputs, h), mesh).keys())
 hand = keras.distribution.LayoutMap(mesh)
 hand["nine/(query|key|value)/kernel"] = (None, "model", None)
+hand["short/query/kernel"] = (None, "model")  # shorter than the kernel, as Keras takes it
 keras.distribution.set_distribution(
     keras.distribution.ModelParallel(layout_map=hand, batch_dim_name="batch"))
 try:
@@ -173,16 +191,29 @@ try:
                                                            np.zeros((2, 5, 18), "float32"))
 except ValueError as error:
     messages["build"] = str(error)
+try:
+    MultiHeadAttention(num_heads=9, key_dim=2, name="short")(np.zeros((2, 5, 18), "float32"),
+                                                            np.zeros((2, 5, 18), "float32"))
+except ValueError as error:
+    messages["short"] = str(error)
 print(json.dumps(messages))
 """
 
 
 def test_heads_that_do_not_divide_over_the_devices_are_refused_in_one_line():
     messages = _run(REFUSED)
-    for where in ("layout_map", "build"):
+    attention = [
+        f"{p}/{n}/{v}"
+        for p in ("lora", "outliers/attention")
+        for n in ("query", "key", "value")
+        for v in ("kernel", "bias")
+    ]
+    attention += ["lora/attention_output/kernel", "outliers/attention/attention_output/kernel"]
+    assert messages["keys"] == sorted(attention)
+    for where, name in (("layout_map", "nine"), ("build", "nine"), ("short", "short")):
         message = messages[where]
         assert "\n" not in message, message
-        assert message.startswith(
-            "nine: 9 heads of nine/query/kernel (18, 9, 2) do not divide "
-            "over the 2 devices of mesh axis 'model'"
+        assert message == (
+            f"{name}: 9 heads of {name}/query/kernel (18, 9, 2) do not divide over the 2 "
+            "devices of mesh axis 'model'; use a mesh whose 'model' axis divides 9"
         ), message
