@@ -29,7 +29,6 @@ import re
 import keras
 
 MODEL_AXIS = "model"
-BATCH_AXIS = "batch"
 
 
 def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
