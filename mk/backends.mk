@@ -24,15 +24,16 @@ BACKEND_DEPS := setup.cfg pyproject.toml
 backend-venvs:
 	$(if $(STRICT),,-)@$(MAKE) --no-print-directory -k $(JAX_VENV)/.installed $(TORCH_VENV)/.installed
 
-# $(call backend_venv,DIR,PACKAGES): create DIR, install PACKAGES and the layer.
+# $(call backend_venv,DIR,PACKAGES,INSTALLER): create DIR, install PACKAGES and
+# the layer with INSTALLER (the command before the packages' names).
 # On failure the reason goes to DIR/.failed and the stamp is not written.
 define backend_venv
 	@rm -f $(1)/.failed
 	@{ test -x $(1)/bin/python || $(PYTHON) -m venv $(1); } \
-	 && $(1)/bin/python -m pip install -q --upgrade pip \
-	 && $(1)/bin/python -m pip install -q $(2) keras numpy pytest absl-py \
-	 && $(EDITABLE)$(1)/bin/python -m pip install -q -e ".[pretrained,llm]" \
-	 && $(1)/bin/python -m pip install -q regex && $(1)/bin/python -m pip install -q --no-deps keras-hub==0.32.0 \
+	 && $(UV_READY) && $(3) --upgrade pip \
+	 && $(3) $(2) keras numpy pytest absl-py \
+	 && $(EDITABLE)$(3) -e ".[pretrained,llm]" \
+	 && $(3) regex && $(3) --no-deps keras-hub==0.32.0 \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \
 	      echo "make backend-venvs: $$(cat $(1)/.failed); $(BACKEND_THEN)" >&2; exit 1; }
@@ -41,15 +42,18 @@ endef
 BACKEND_THEN = $(if $(STRICT),a strict run stops here (KERAS_MHA_STRICT=0 goes on without it),its tests will be reported as SKIPPED)
 
 $(JAX_VENV)/.installed: $(BACKEND_DEPS)
-	$(call backend_venv,$(JAX_VENV),jax jaxlib)
+	$(call backend_venv,$(JAX_VENV),jax jaxlib,$(UV_INSTALL) $(JAX_VENV)/bin/python)
 
 # The torch venv also runs the reference implementations the pretrained
 # encoder and the decoder are tested against (tests/oracle/bert_oracle.py,
 # llama_oracle.py); never a dependency of the layer. transformers reads a GGUF
 # file only with accelerate installed.
 TORCH_ORACLE := transformers==5.24.0 sentence-transformers==6.2.0 accelerate==1.16.0
+# PyTorch's CPU build, where a machine keeps it: uv reads pip's PIP_FIND_LINKS
+# only when told (this machine's holds torch 2.13.0+cpu; without it, PyPI's
+# torch 2.13.0 comes, as with pip).
 $(TORCH_VENV)/.installed: $(BACKEND_DEPS)
-	$(call backend_venv,$(TORCH_VENV),torch==2.13.0 $(TORCH_ORACLE))
+	$(call backend_venv,$(TORCH_VENV),torch==2.13.0 $(TORCH_ORACLE),$(UV_INSTALL) $(TORCH_VENV)/bin/python $(foreach f,$(PIP_FIND_LINKS),--find-links $(f)))
 
 # Layer tests + Keras's suite on the three backends; one summary line each.
 test-backends: install

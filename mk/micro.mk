@@ -11,7 +11,8 @@ micro-venv: $(MICRO_VENV)/.installed
 ifneq ($(MICRO_WHEEL),)
 $(MICRO_VENV)/.installed: edge_demo/requirements-tflite-micro.txt
 	test -x $(MICRO_PY) || $(PYTHON) -m venv $(MICRO_VENV)
-	$(MICRO_PY) -m pip install -q -r edge_demo/requirements-tflite-micro.txt
+	$(UV_READY)
+	$(UV_INSTALL) $(MICRO_PY) $(EDGE_BYTECODE) -r edge_demo/requirements-tflite-micro.txt
 	rm -f $(MICRO_VENV)/.skipped
 	touch $@
 else

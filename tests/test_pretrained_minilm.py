@@ -150,23 +150,6 @@ def test_rescaling_brings_full_int8_several_times_closer(minilm_bundle, tmp_path
     assert rescaled.top5 > plain.top5
 
 
-def first_rows(run: pathlib.Path, out: pathlib.Path, eval_rows: int, calibration_rows: int):
-    """A copy of the embedding run `run` with only its first eval sentences and
-    calibration rows (the model and tokenizer linked, not copied)."""
-    import json
-
-    out.mkdir()
-    for path in run.iterdir():
-        if path.name not in ("eval.npz", "calibration.npz", "texts.json"):
-            (out / path.name).symlink_to(path)
-    for name, rows in (("eval.npz", eval_rows), ("calibration.npz", calibration_rows)):
-        with np.load(run / name) as arrays:
-            np.savez(out / name, **{key: arrays[key][:rows] for key in arrays.files})
-    texts = json.loads((run / "texts.json").read_text(encoding="utf-8"))
-    (out / "texts.json").write_text(json.dumps(texts[:eval_rows]), encoding="utf-8")
-    return out
-
-
 def test_minilm_at_a_fixed_length_maps_to_an_ethos_u85(minilm_bundle, tmp_path):
     """keras-mha-export --length 128 --npu: MiniLM's int8 at a fixed 128 word pieces
     compiled by Vela. The issue's goal on Ethos-U85-256: >= 95 % of its operators and
@@ -177,6 +160,7 @@ def test_minilm_at_a_fixed_length_maps_to_an_ethos_u85(minilm_bundle, tmp_path):
     Neither claim needs all 389 sentences at 128 word pieces (150 s of verification on
     an AMD EPYC): each of 48 is a whole check of the padding, and Vela sees a graph
     that 16 calibration rows give as 100 do (54 s)."""
+    from keras_mha.rundir.subset import first_rows
     from keras_mha_export.bundle import export_bundle
 
     run = first_rows(minilm_bundle["run"].path, tmp_path / "run", 48, 16)

@@ -237,3 +237,51 @@ def test_model_config_refuses_unknown_keys():
     with pytest.raises(ValueError, match="unknown ModelConfig key.*num_head; expected"):
         ModelConfig.from_dict(data)
     assert ModelConfig.from_dict(DIGITS.to_dict()) == DIGITS
+
+
+def test_first_rows_cuts_eval_and_calibration_and_links_the_rest(good_run, tmp_path):
+    """keras_mha.rundir.subset: the arm64 run's smaller bundles (mk/arm64.mk)."""
+    from keras_mha.rundir.subset import first_rows
+
+    (good_run / "bundle").mkdir(exist_ok=True)  # made from the run: not the subset's
+    out = first_rows(good_run, tmp_path / "sub", 5, 3)
+    run, whole = read_run(out), read_run(good_run)
+    np.testing.assert_array_equal(run.eval.x, whole.eval.x[:5])
+    np.testing.assert_array_equal(run.eval.probs, whole.eval.probs[:5])
+    np.testing.assert_array_equal(run.calibration, whole.calibration[:3])
+    assert (out / "model.keras").resolve() == (good_run / "model.keras").resolve()
+    assert (out / "model.keras").is_symlink() and not (out / "eval.npz").is_symlink()
+    assert not (out / "bundle").exists()
+    (good_run / "bundle").rmdir()
+
+
+def test_first_rows_cuts_a_json_row_file_with_its_eval(tmp_path):
+    from keras_mha.rundir.subset import _json_rows
+
+    for data, cut in (([1, 2, 3, 4], [1, 2]), ({"texts": ["a", "b", "c", "d"], "k": 1},
+                                                  {"texts": ["a", "b"], "k": 1})):  # fmt: skip
+        (tmp_path / "texts.json").write_text(json.dumps(data))
+        (tmp_path / "out").mkdir(exist_ok=True)
+        _json_rows(tmp_path / "texts.json", 2, 4, tmp_path / "out")
+        assert json.loads((tmp_path / "out" / "texts.json").read_text()) == cut
+    with pytest.raises(UsageError, match="expected one entry per eval row"):
+        _json_rows(tmp_path / "texts.json", 2, 5, tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        ((13,), "--eval: 13 rows asked for; .*eval.npz has 12 \\(expected 1 to 12\\)"),
+        ((0,), "--eval: 0 rows asked for"),
+        ((4, 6), "--calibration: 6 rows asked for; .*calibration.npz has 5"),
+    ],
+)
+def test_first_rows_refuses_in_one_line_and_leaves_nothing(good_run, tmp_path, args, problem):
+    from keras_mha.rundir.subset import first_rows
+
+    before = sorted(p.name for p in good_run.iterdir())
+    with pytest.raises(UsageError, match=problem) as info:
+        first_rows(good_run, tmp_path / "sub", *args)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "sub").exists() and list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in good_run.iterdir()) == before
