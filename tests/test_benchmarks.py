@@ -54,3 +54,31 @@ def test_int8_kernels_benchmark_reports_which_matmuls_xnnpack_takes(tmp_path):
     assert rows["x W, the FFN (FULLY_CONNECTED)"]["xnnpack_int8"] == "1/1"
     for r in rows.values():
         assert r["length"] == 8 and r["float32_ms"] > 0 and r["int8_ms"] > 0
+
+
+def test_communication_counts_what_each_collective_sends():
+    """benchmarks/communication.py's reading of a compiled HLO module: each
+    collective's arrays, its group and the bytes one device sends in a ring."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "communication", REPO / "benchmarks" / "communication.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    hlo = """
+  %all-reduce = f32[384,12,32]{2,1,0} all-reduce(f32[384,12,32]{2,1,0} %fusion.1), channel_id=1, replica_groups={{0,4},{1,5},{2,6},{3,7}}, use_global_device_ids=true, to_apply=%add
+  %all-reduce.1 = (f32[16]{0}, /*index=1*/f32[8,4]{1,0}) all-reduce(f32[16]{0} %a, f32[8,4]{1,0} %b), channel_id=2, replica_groups=[1,8]<=[8], to_apply=%add
+  %all-gather = f32[8,6]{1,0} all-gather(f32[2,6]{1,0} %c), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}
+  %collective-permute = f32[10]{0} collective-permute(f32[10]{0} %d), channel_id=4, source_target_pairs={{0,1},{1,0}}
+  %add.3 = f32[10]{0} add(f32[10]{0} %d, f32[10]{0} %d)
+"""  # noqa: E501
+    found = module.collectives(hlo, 8)
+    assert [(c["op"], c["group"], c["bytes"]) for c in found] == [
+        ("all-reduce", 2, 384 * 12 * 32 * 4),
+        ("all-reduce", 8, (16 + 32) * 4),
+        ("all-gather", 4, 8 * 6 * 4),
+        ("collective-permute", 8, 40),
+    ]
+    sent = [c["sent"] for c in found]
+    assert sent == [384 * 12 * 32 * 4, 2 * 7 / 8 * 192, 3 / 4 * 192, 40.0]

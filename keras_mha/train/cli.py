@@ -6,6 +6,7 @@
     keras-mha-train --start RUN --qat EPOCHS [--attention per_head] [--out DIR]
     keras-mha-train --from all-MiniLM-L6-v2 --data my.csv [--out DIR]
                     [--text-column text] [--label-column label] [--test-fraction 0.2]
+                    [--distribute data|heads]
 
 The second form fine-tunes a run trained before with int8's rounding in
 the loop (quantization-aware training), instead of training it again: its
@@ -13,7 +14,8 @@ dataset, seed, model and settings are the run's; `--attention per_head`
 gives each head its own int8 ranges (the weights are the same). The new run
 (default `RUN_qat`) names the one it started from. The third form fine-tunes
 a pretrained encoder on your labelled text (keras_mha/train/finetune.py): a
-text-classification run, like an imported classifier's.
+text-classification run, like an imported classifier's; on JAX, `--distribute
+data` or `heads` trains it over every device (docs/distribution.md).
 
 The run directory (default `runs/<dataset>`) holds model.keras, metrics.json,
 eval.npz, calibration.npz, labels.json, vocab.json (text datasets) and two
@@ -36,6 +38,7 @@ from keras_mha.quiet_tensorflow import import_tensorflow
 from keras_mha.train.presets import DISTRIBUTE, describe_presets
 
 PROG = "keras-mha-train"
+FINETUNE_DISTRIBUTE = ("data", "heads")  # keras_mha.distribution.TRAINING: --from, on JAX
 DATASETS = ("digits", "pronouns")
 
 
@@ -84,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--distribute",
-        choices=DISTRIBUTE,
+        choices=(*DISTRIBUTE, *FINETUNE_DISTRIBUTE),
         default=None,
-        help="train under a tf.distribute strategy",
+        help="mirrored: a classifier from scratch under tf.distribute (TensorFlow); data "
+        "or heads: with --from, over every device under keras.distribution (JAX; "
+        "heads splits the attention heads, docs/distribution.md)",
     )
     parser.add_argument(
         "--qat",
@@ -149,7 +154,7 @@ def progress_verbosity(quiet: bool, stream) -> int:
 # Flags of the from-scratch classifier that a fine-tuned encoder does not take.
 SCRATCH_ONLY = (
     "num_heads", "d_model", "num_layers", "ff_dim", "dropout", "attention",
-    "patience", "augment", "distribute",
+    "patience", "augment",
 )  # fmt: skip
 
 
@@ -164,6 +169,13 @@ def _finetune(args: argparse.Namespace) -> int:
     if given or args.qat or args.dataset is not None:
         flag = "--" + (given[0].replace("_", "-") if given else "qat" if args.qat else "dataset")
         raise UsageError("is for a classifier trained from scratch, not with --from", flag)
+    if args.distribute not in (None, *FINETUNE_DISTRIBUTE):
+        raise UsageError(
+            "is TensorFlow's, for a classifier trained from scratch; with --from: "
+            + " or ".join(FINETUNE_DISTRIBUTE)
+            + " (JAX)",
+            f"--distribute {args.distribute}",
+        )
     out = args.out or pathlib.Path(f"runs/{args.data.stem}")
     check_writable(out, "--out")
     data = finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TF
@@ -183,6 +195,7 @@ def _finetune(args: argparse.Namespace) -> int:
         seed=args.seed,
         overwrite=args.overwrite,
         progress=None if args.quiet else sys.stderr,
+        distribute=args.distribute,
     )
     print(
         f"{metrics['dataset']}: held-out accuracy {metrics['test_accuracy']:.4f} "
@@ -200,6 +213,14 @@ def _run(args: argparse.Namespace) -> int:
 
             raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
         return _finetune(args)
+    if args.distribute in FINETUNE_DISTRIBUTE:
+        from bundle_contract.errors import UsageError
+
+        raise UsageError(
+            "fine-tunes a pretrained encoder (--from, on JAX); a classifier from scratch "
+            "trains on TensorFlow: --distribute mirrored",
+            f"--distribute {args.distribute}",
+        )
     if args.start is not None and args.dataset is None:
         from keras_mha.rundir import read_run  # no TensorFlow: a bad run is answered first
 

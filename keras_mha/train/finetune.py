@@ -260,11 +260,18 @@ def finetune(
     seed: int = 0,
     overwrite: bool = False,
     progress=None,
+    distribute: str | None = None,
 ) -> dict:
     """Fine-tune `source` on `data` (`read_labelled`'s rows, or a file read
     with the default columns); write the run; its metrics.
 
     `progress`: a stream for the per-epoch progress (None: no output).
+    `distribute`: None (one device), or `data` or `heads` over every device
+    Keras sees (`keras_mha.distribution.training_distribution`; JAX). The
+    batches are the single-device run's, each split over the batch axis; a
+    last batch the batch axis does not divide loses its last rows (fewer than
+    the batch devices, named in metrics.json). The run holds the gathered
+    weights, as any other run.
     """
     import keras
 
@@ -290,29 +297,40 @@ def finetune(
     keras.utils.set_random_seed(seed)
     model = build_encoder(config)
     load_weights(model, dataclasses.replace(config, labels=()), encoder.checkpoint.tensors())
-    # The word-piece, position and segment tables (and their LayerNorm) stay as
-    # pretrained: a word no training row has keeps its place beside the words
-    # trained on, and AdamW skips 12 M of MiniLM's 23 M weights each step.
-    embedding = model.get_layer("embedding")
-    embedding.trainable = False
-    model.compile(
-        optimizer=keras.optimizers.AdamW(learning_rate=learning_rate, weight_decay=WEIGHT_DECAY),
-        loss=keras.losses.SparseCategoricalCrossentropy(),
-        metrics=["accuracy"],
-    )
-    callbacks = [] if progress is None else [Progress(progress).callback]
-    started = time.perf_counter()
-    history = model.fit(
-        ids[train],
-        y[train],
-        batch_size=batch_size,
-        epochs=epochs,
-        shuffle=True,
-        verbose=0,
-        callbacks=callbacks,
-    )
-    seconds = time.perf_counter() - started
-    embedding.trainable = True  # the run's model, as any other: every weight trainable
+    trained, distributed = model, None
+    try:
+        if distribute is not None:
+            trained, train, distributed = _distributed(model, distribute, batch_size, train)
+        # The word-piece, position and segment tables (and their LayerNorm) stay as
+        # pretrained: a word no training row has keeps its place beside the words
+        # trained on, and AdamW skips 12 M of MiniLM's 23 M weights each step.
+        embedding = trained.get_layer("embedding")
+        embedding.trainable = False
+        trained.compile(
+            optimizer=keras.optimizers.AdamW(
+                learning_rate=learning_rate, weight_decay=WEIGHT_DECAY
+            ),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            metrics=["accuracy"],
+        )
+        callbacks = [] if progress is None else [Progress(progress).callback]
+        started = time.perf_counter()
+        history = trained.fit(
+            ids[train],
+            y[train],
+            batch_size=batch_size,
+            epochs=epochs,
+            shuffle=True,
+            verbose=0,
+            callbacks=callbacks,
+        )
+        seconds = time.perf_counter() - started
+        embedding.trainable = True  # the run's model, as any other: every weight trainable
+        if trained is not model:
+            model.set_weights(trained.get_weights())  # gathered from the devices
+    finally:
+        if distribute is not None:
+            keras.distribution.set_distribution(None)
     probs = encoder_probs(model, ids[test])
     predicted = probs.argmax(1)
     per_class = {
@@ -337,6 +355,7 @@ def finetune(
             "text_column": data.text_column,
             "label_column": data.label_column,
             "backend": keras.backend.backend(),
+            **({} if distributed is None else {"distribute": distributed}),
         },
         "train_size": int(len(train)),
         "test_size": int(len(test)),
@@ -358,6 +377,62 @@ def finetune(
         y=y[test],  # the held-out gold labels: export and the device report accuracy on them
     )
     return metrics
+
+
+def rows_left_out(rows: int, batch_size: int, batch_devices: int) -> int:
+    """The training rows a distributed run leaves out: the last batch (`rows` mod
+    `batch_size`) must split over the batch axis too, so it loses its rows past
+    the last multiple of `batch_devices` (fewer than `batch_devices`)."""
+    return rows % batch_size % batch_devices
+
+
+def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
+    """(the model to train, on the devices; the training rows; what metrics.json
+    says of it): `model`'s weights copied into a clone made under `kind`'s
+    distribution, which stays set until the caller resets it."""
+    import keras
+
+    from keras_mha.distribution import training_distribution
+
+    flag = f"--distribute {kind}"
+    if keras.backend.backend() != "jax":
+        raise UsageError(
+            f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
+            "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
+            flag,
+        )
+    try:
+        distribution, (batch_devices, model_devices) = training_distribution(model, kind)
+    except ValueError as error:
+        raise UsageError(str(error), flag) from None
+    if batch_size % batch_devices:
+        raise UsageError(
+            f"{batch_size} rows a batch do not split over the {batch_devices} devices of "
+            f"the batch axis; use a multiple of {batch_devices}",
+            "--batch-size",
+        )
+    left_out = rows_left_out(len(train), batch_size, batch_devices)
+    if left_out == len(train):
+        raise UsageError(
+            f"{len(train)} training rows do not split over the {batch_devices} devices of "
+            "the batch axis",
+            flag,
+        )
+    train = train[: len(train) - left_out]
+    keras.distribution.set_distribution(distribution)
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    devices = batch_devices * model_devices
+    return (
+        clone,
+        train,
+        {
+            "kind": kind,
+            "devices": devices,
+            "mesh": {"batch": batch_devices, "model": model_devices},
+            "training_rows_left_out": int(left_out),
+        },
+    )
 
 
 def encoder_probs(model, ids: np.ndarray, batch_size: int = 64) -> np.ndarray:
