@@ -63,6 +63,9 @@ endef
 # resolves, downloads and unpacks many packages at once. The main venv took 55 s with pip and 9 s with uv here
 # (Intel Xeon, nothing cached), and set-up is the one step nothing runs beside.
 # Each venv keeps its pip for whoever uses it (.ci/arm64/build-rootfs.sh does).
+# uv reads no pip configuration (pip.conf, PIP_INDEX_URL): a machine that
+# installs from its own index sets uv's (UV_INDEX_URL, UV_FIND_LINKS,
+# SSL_CERT_FILE) too; the torch venv is given PIP_FIND_LINKS (mk/backends.mk).
 # Bytecode: uv writes none at install (pip compiles every module of every
 # package, most of its time), so Python writes each module's at its first import:
 # make's commands run without PYTHONDONTWRITEBYTECODE (set, it would have every

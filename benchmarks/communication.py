@@ -36,8 +36,7 @@ LAYOUTS = {  # name: (devices on the batch axis, devices on the model axis); 12 
     "heads 4 x 2": (4, 2),
     "heads 2 x 4": (2, 4),
 }
-DTYPE_BYTES = {"f64": 8, "s64": 8, "u64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2,
-               "f16": 2, "s16": 2, "u16": 2, "s8": 1, "u8": 1, "pred": 1}  # fmt: skip
+DTYPE_BYTES = {"pred": 1, "c64": 8, "c128": 16}  # the rest by their bits: f32, bf16, f8e4m3fn
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _OP = re.compile(
     r"=\s*(?P<shape>\([^=]*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
@@ -56,8 +55,17 @@ def _array_bytes(shape: str) -> list[int]:
         count = 1
         for d in filter(None, dims.split(",")):
             count *= int(d)
-        sizes.append(count * DTYPE_BYTES[dtype])
+        sizes.append(count * _dtype_bytes(dtype))
     return sizes
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[dtype]
+    bits = re.match(r"[a-z]+(\d+)", dtype)
+    if bits is None:
+        raise ValueError(f"an HLO array type this script does not size: {dtype}")
+    return max(1, int(bits.group(1)) // 8)
 
 
 def _group_size(line: str, devices: int) -> int:
@@ -80,8 +88,10 @@ def collectives(hlo: str, devices: int) -> list[dict]:
         if match is None:
             continue
         op, sizes = match["op"], _array_bytes(match["shape"])
-        if match["start"] and op == "all-gather":  # async: (operand, result)
+        if match["start"] and op == "all-gather":  # async: (operands, results)
             sizes = sizes[len(sizes) // 2 :]
+        elif match["start"] and op == "collective-permute":  # (operand, result, contexts)
+            sizes = sizes[:1]
         n = _group_size(line, devices)
         size = sum(sizes)
         share = (n - 1) / n if n > 1 else 0.0

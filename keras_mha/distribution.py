@@ -84,7 +84,7 @@ def training_distribution(model, kind: str, devices=None):
     largest count that divides both the devices and every attention layer's
     query heads (MiniLM's 12 heads on 8 devices: 4, a mesh of 2 x 4), laid out
     by `layout_map`. ValueError (one line) for another kind or a model with no
-    attention layer to split.
+    attention layer to split, or heads no count above 1 divides with the devices.
     """
     if kind not in TRAINING:
         raise ValueError(f"unknown distribution {kind!r}; expected one of {', '.join(TRAINING)}")
@@ -104,6 +104,12 @@ def training_distribution(model, kind: str, devices=None):
     if not heads:
         raise ValueError(f"{model.name} has no attention layer whose heads could be split")
     split = max(d for d in range(1, count + 1) if count % d == 0 and all(h % d == 0 for h in heads))
+    if split == 1:
+        raise ValueError(
+            f"no count above 1 divides both the {count} devices and the heads "
+            f"({', '.join(map(str, sorted(set(heads))))}): the heads cannot be split; "
+            "use data parallel"
+        )
     mesh = keras.distribution.DeviceMesh((count // split, split), ("batch", MODEL_AXIS), devices)
     distribution = keras.distribution.ModelParallel(
         layout_map=layout_map(model, mesh), batch_dim_name="batch"

@@ -66,7 +66,7 @@ $(ARM64_WORK)/encoder/bundle/manifest.json: | $(VENV)/.installed
 # MiniLM's tokenizer: pairs with token types, a score each, ranking parity. Its
 # first 10 queries of 20 passages (200 pairs, ARM64_RERANKER_ROWS) of the 30 the
 # import makes: every pair is a whole forward pass of up to 115 tokens in each
-# mode, about 0.2 s emulated, and 4,000 scores compare the kernels as 12,000 do.
+# mode, about 0.2 s emulated, and 200 scores a mode compare the kernels as 600 do.
 $(ARM64_WORK)/reranker/bundle/manifest.json: | $(VENV)/.installed
 	PYTHONPATH=. nice -n 10 $(PY) .ci/arm64/reranker.py $(ARM64_WORK)/reranker-checkpoint
 	nice -n 10 $(PY) -m keras_mha.pretrained $(ARM64_WORK)/reranker-checkpoint --out $(ARM64_WORK)/reranker-run --overwrite

@@ -51,9 +51,9 @@ $(JAX_VENV)/.installed: $(BACKEND_DEPS)
 # llama_oracle.py); never a dependency of the layer. transformers reads a GGUF
 # file only with accelerate installed.
 TORCH_ORACLE := transformers==5.24.0 sentence-transformers==6.2.0 accelerate==1.16.0
-# PyTorch's CPU build, where a machine keeps it: uv reads pip's PIP_FIND_LINKS
-# only when told (this machine's holds torch 2.13.0+cpu; without it, PyPI's
-# torch 2.13.0 comes, as with pip).
+# PyTorch's CPU build, where a machine keeps it: uv reads no pip configuration,
+# so pip's PIP_FIND_LINKS is passed on here (this machine's holds torch
+# 2.13.0+cpu; without it, PyPI's torch 2.13.0 comes, as with pip).
 $(TORCH_VENV)/.installed: $(BACKEND_DEPS)
 	$(call backend_venv,$(TORCH_VENV),torch==2.13.0 $(TORCH_ORACLE),$(UV_INSTALL) $(TORCH_VENV)/bin/python $(foreach f,$(PIP_FIND_LINKS),--find-links $(f)))
 
@@ -71,7 +71,7 @@ TEST_AFTER += test-backends
 # split (docs/distribution.md): all-MiniLM-L6-v2 and BERT-base, each step compiled
 # (not run) on JAX's CPU platform split into 8 devices; XLA's compiled program's
 # collectives, added up (benchmarks/communication.py).
-bench-communication: backend-venvs
+bench-communication: $(JAX_VENV)/.installed
 	mkdir -p benchmarks/results
 	XLA_FLAGS=--xla_force_host_platform_device_count=8 KERAS_BACKEND=jax PYTHONPATH=. \
 	  $(JAX_VENV)/bin/python benchmarks/communication.py --json benchmarks/results/communication.json

@@ -72,6 +72,9 @@ def test_communication_counts_what_each_collective_sends():
   %all-gather = f32[8,6]{1,0} all-gather(f32[2,6]{1,0} %c), channel_id=3, replica_groups=[2,4]<=[8], dimensions={0}
   %collective-permute = f32[10]{0} collective-permute(f32[10]{0} %d), channel_id=4, source_target_pairs={{0,1},{1,0}}
   %add.3 = f32[10]{0} add(f32[10]{0} %d, f32[10]{0} %d)
+  %all-reduce-start = bf16[4,2]{1,0} all-reduce-start(bf16[4,2]{1,0} %e), channel_id=5, replica_groups=[4,2]<=[2,4]T(1,0), to_apply=%add
+  %all-gather-start = (f32[2]{0}, f32[8]{0}) all-gather-start(f32[2]{0} %f), channel_id=6, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}
+  %collective-permute-start = (f32[6]{0}, f32[6]{0}, u32[], u32[]) collective-permute-start(f32[6]{0} %g), channel_id=7, source_target_pairs={{0,1}}
 """  # noqa: E501
     found = module.collectives(hlo, 8)
     assert [(c["op"], c["group"], c["bytes"]) for c in found] == [
@@ -79,6 +82,11 @@ def test_communication_counts_what_each_collective_sends():
         ("all-reduce", 8, (16 + 32) * 4),
         ("all-gather", 4, 8 * 6 * 4),
         ("collective-permute", 8, 40),
+        ("all-reduce", 2, 4 * 2 * 2),  # bfloat16; groups of 2 in the transposed iota form
+        ("all-gather", 4, 8 * 4),  # async: the gathered result, not the operand too
+        ("collective-permute", 8, 6 * 4),  # async: the operand, not the result and contexts
     ]
     sent = [c["sent"] for c in found]
-    assert sent == [384 * 12 * 32 * 4, 2 * 7 / 8 * 192, 3 / 4 * 192, 40.0]
+    assert sent == [384 * 12 * 32 * 4, 2 * 7 / 8 * 192, 3 / 4 * 192, 40.0, 16.0, 24.0, 24.0]
+    with pytest.raises(ValueError, match="does not size: token"):
+        module.collectives("%x = token[] all-reduce(token[] %t)", 8)

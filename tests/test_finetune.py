@@ -84,6 +84,10 @@ def test_the_command_refuses_in_one_line_with_exit_2_before_tensorflow(tmp_path)
         (["--from", "all-MiniLM-L6-v2", "--data", good, "--dataset", "pronouns"], "--dataset: is for"),
         (["--from", "all-MiniLM-L6-v2", "--data", good, "--dataset=digits"], "--dataset: is for"),
         (["--from", tmp_path / "nowhere", "--data", good], "nowhere"),
+        (["--from", "all-MiniLM-L6-v2", "--data", good, "--distribute", "mirrored"],
+         "--distribute mirrored: is TensorFlow's, for a classifier trained from scratch"),
+        (["--dataset", "pronouns", "--distribute", "heads"],
+         "--distribute heads: fine-tunes a pretrained encoder (--from, on JAX)"),
     ]  # fmt: skip
     code = "import sys; from keras_mha.train.cli import main; r = main(sys.argv[1:]); "
     code += "assert 'tensorflow' not in sys.modules; raise SystemExit(r)"
@@ -111,6 +115,43 @@ def test_a_length_past_the_checkpoints_positions_is_one_line_with_exit_2(tmp_pat
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--max-length: 600 exceeds" in err and "512" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_distributing_on_tensorflow_is_one_line_with_exit_2(tmp_path, capsys):
+    """--distribute data|heads is keras.distribution's, which shards on JAX: on
+    TensorFlow the command says so before it reads the checkpoint."""
+    import keras
+
+    from keras_mha.train.cli import main
+
+    assert keras.backend.backend() == "tensorflow"
+    good = write(tmp_path / "good.csv", GOOD_CSV)
+    argv = ["--from", "all-MiniLM-L6-v2", "--data", str(good), "--distribute", "heads"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "--distribute heads: Keras's distribution API shards on JAX, not tensorflow" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_heads_split_needs_a_count_that_divides_devices_and_heads():
+    """training_distribution: the model axis is the largest count dividing both
+    (12 heads, 8 devices: 4), and none above 1 is refused in one line."""
+    import keras
+
+    from keras_mha import MultiHeadAttention
+    from keras_mha.distribution import training_distribution
+
+    inputs = keras.Input((4, 24))
+    model = keras.Model(inputs, MultiHeadAttention(num_heads=3, key_dim=8)(inputs, inputs))
+    with pytest.raises(ValueError) as info:
+        training_distribution(model, "heads", devices=[f"cpu:{i}" for i in range(8)])
+    assert str(info.value) == (
+        "no count above 1 divides both the 8 devices and the heads (3): the heads cannot "
+        "be split; use data parallel"
+    )
+    with pytest.raises(ValueError, match="unknown distribution 'tensor'; expected one of data"):
+        training_distribution(model, "tensor", devices=["cpu:0"])
 
 
 def test_the_held_out_split_is_stratified_disjoint_and_seeded():

@@ -244,7 +244,10 @@ def test_first_rows_cuts_eval_and_calibration_and_links_the_rest(good_run, tmp_p
     from keras_mha.rundir.subset import first_rows
 
     (good_run / "bundle").mkdir(exist_ok=True)  # made from the run: not the subset's
-    out = first_rows(good_run, tmp_path / "sub", 5, 3)
+    try:
+        out = first_rows(good_run, tmp_path / "sub", 5, 3)
+    finally:
+        (good_run / "bundle").rmdir()  # the module's run, as the other tests expect it
     run, whole = read_run(out), read_run(good_run)
     np.testing.assert_array_equal(run.eval.x, whole.eval.x[:5])
     np.testing.assert_array_equal(run.eval.probs, whole.eval.probs[:5])
@@ -252,7 +255,6 @@ def test_first_rows_cuts_eval_and_calibration_and_links_the_rest(good_run, tmp_p
     assert (out / "model.keras").resolve() == (good_run / "model.keras").resolve()
     assert (out / "model.keras").is_symlink() and not (out / "eval.npz").is_symlink()
     assert not (out / "bundle").exists()
-    (good_run / "bundle").rmdir()
 
 
 def test_first_rows_cuts_a_json_row_file_with_its_eval(tmp_path):
@@ -271,9 +273,9 @@ def test_first_rows_cuts_a_json_row_file_with_its_eval(tmp_path):
 @pytest.mark.parametrize(
     "args, problem",
     [
-        ((13,), "--eval: 13 rows asked for; .*eval.npz has 12 \\(expected 1 to 12\\)"),
-        ((0,), "--eval: 0 rows asked for"),
-        ((4, 6), "--calibration: 6 rows asked for; .*calibration.npz has 5"),
+        ((13,), "eval_rows: 13 rows asked for; .*eval.npz has 12 \\(expected 1 to 12\\)"),
+        ((0,), "eval_rows: 0 rows asked for"),
+        ((4, 6), "calibration_rows: 6 rows asked for; .*calibration.npz has 5"),
     ],
 )
 def test_first_rows_refuses_in_one_line_and_leaves_nothing(good_run, tmp_path, args, problem):

@@ -77,9 +77,9 @@ def first_rows(
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        total = _rows(run / "eval.npz", eval_rows, "--eval", staging)
+        total = _rows(run / "eval.npz", eval_rows, "eval_rows", staging)
         if calibration_rows is not None:
-            _rows(run / "calibration.npz", calibration_rows, "--calibration", staging)
+            _rows(run / "calibration.npz", calibration_rows, "calibration_rows", staging)
         for name in ROW_JSON:
             if (run / name).is_file():
                 _json_rows(run / name, eval_rows, total, staging)

@@ -183,6 +183,15 @@ def _finetune(args: argparse.Namespace) -> int:
 
     resolve(args.source)
     import_tensorflow()
+    if args.distribute is not None:
+        import keras
+
+        if keras.backend.backend() != "jax":  # before the checkpoint is read
+            raise UsageError(
+                f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
+                "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
+                f"--distribute {args.distribute}",
+            )
     metrics = finetune.finetune(
         args.source,
         data,

@@ -267,11 +267,12 @@ def finetune(
 
     `progress`: a stream for the per-epoch progress (None: no output).
     `distribute`: None (one device), or `data` or `heads` over every device
-    Keras sees (`keras_mha.distribution.training_distribution`; JAX). The
-    batches are the single-device run's, each split over the batch axis; a
-    last batch the batch axis does not divide loses its last rows (fewer than
-    the batch devices, named in metrics.json). The run holds the gathered
-    weights, as any other run.
+    Keras sees (`keras_mha.distribution.training_distribution`; JAX). Each
+    batch is split over the batch axis, which must divide the last batch too:
+    when it does not, the training split's last rows (in file order, fewer
+    than the batch devices) are left out of every epoch and named in
+    metrics.json (`training_rows_left_out`); otherwise the batches are the single-device
+    run's. The run holds the gathered weights, as any other run.
     """
     import keras
 
@@ -298,6 +299,7 @@ def finetune(
     model = build_encoder(config)
     load_weights(model, dataclasses.replace(config, labels=()), encoder.checkpoint.tensors())
     trained, distributed = model, None
+    before = keras.distribution.distribution()  # the caller's, set back after
     try:
         if distribute is not None:
             trained, train, distributed = _distributed(model, distribute, batch_size, train)
@@ -330,7 +332,7 @@ def finetune(
             model.set_weights(trained.get_weights())  # gathered from the devices
     finally:
         if distribute is not None:
-            keras.distribution.set_distribution(None)
+            keras.distribution.set_distribution(before)
     probs = encoder_probs(model, ids[test])
     predicted = probs.argmax(1)
     per_class = {
@@ -423,6 +425,9 @@ def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
     devices = batch_devices * model_devices
+    split = sum(  # what the layout actually split: weights on the model axis
+        1 for v in clone.weights if "model" in tuple(getattr(v.value.sharding, "spec", ()))
+    )
     return (
         clone,
         train,
@@ -431,6 +436,7 @@ def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
             "devices": devices,
             "mesh": {"batch": batch_devices, "model": model_devices},
             "training_rows_left_out": int(left_out),
+            "weights_split": int(split),  # over the model axis (0: data parallel)
         },
     )
 
