@@ -28,6 +28,8 @@ import re
 
 import keras
 
+from keras_mha.train.presets import FINETUNE_DISTRIBUTE as TRAINING  # --distribute KIND
+
 MODEL_AXIS = "model"
 
 
@@ -69,9 +71,6 @@ def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
             check_divides(layer.path, variable.path, tuple(variable.shape), axes, mesh)
             layouts[re.escape(variable.path)] = axes
     return layouts
-
-
-TRAINING = ("data", "heads")  # keras-mha-train --from ... --distribute KIND
 
 
 def training_distribution(model, kind: str, devices=None):

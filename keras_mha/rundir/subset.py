@@ -3,7 +3,7 @@
     first_rows(RUN, OUT, eval_rows, calibration_rows=None)
 
 OUT is RUN with only the first N rows of eval.npz (and of each per-row JSON
-file: texts.json, pairs.json) and, with --calibration, the first M rows of
+file: texts.json, pairs.json) and, with calibration_rows, the first M rows of
 calibration.npz; every other file (the model, tokenizer, vocabulary, metrics)
 is a symbolic link to RUN's (directories made from RUN, its bundle or heads/,
 are left out). Rows keep their order, so a cross-encoder's
@@ -29,7 +29,6 @@ import numpy as np
 
 from bundle_contract.errors import UsageError
 
-ROW_FILES = ("eval.npz", "calibration.npz")
 ROW_JSON = ("texts.json", "pairs.json")  # one entry per eval row (or {"texts": [...]})
 
 

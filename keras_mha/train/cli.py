@@ -35,10 +35,9 @@ import sys
 from bundle_contract.errors import Parser, nonnegative_int, positive_int, run_main
 from bundle_contract.files import check_writable
 from keras_mha.quiet_tensorflow import import_tensorflow
-from keras_mha.train.presets import DISTRIBUTE, describe_presets
+from keras_mha.train.presets import DISTRIBUTE, FINETUNE_DISTRIBUTE, describe_presets
 
 PROG = "keras-mha-train"
-FINETUNE_DISTRIBUTE = ("data", "heads")  # keras_mha.distribution.TRAINING: --from, on JAX
 DATASETS = ("digits", "pronouns")
 
 
@@ -184,14 +183,7 @@ def _finetune(args: argparse.Namespace) -> int:
     resolve(args.source)
     import_tensorflow()
     if args.distribute is not None:
-        import keras
-
-        if keras.backend.backend() != "jax":  # before the checkpoint is read
-            raise UsageError(
-                f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
-                "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
-                f"--distribute {args.distribute}",
-            )
+        finetune.check_backend_distributes(args.distribute)  # before the checkpoint is read
     metrics = finetune.finetune(
         args.source,
         data,

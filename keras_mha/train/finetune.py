@@ -388,6 +388,18 @@ def rows_left_out(rows: int, batch_size: int, batch_devices: int) -> int:
     return rows % batch_size % batch_devices
 
 
+def check_backend_distributes(kind: str) -> None:
+    """UsageError (one line) unless Keras runs on JAX, where keras.distribution shards."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise UsageError(
+            f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
+            "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
+            f"--distribute {kind}",
+        )
+
+
 def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
     """(the model to train, on the devices; the training rows; what metrics.json
     says of it): `model`'s weights copied into a clone made under `kind`'s
@@ -397,12 +409,7 @@ def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
     from keras_mha.distribution import training_distribution
 
     flag = f"--distribute {kind}"
-    if keras.backend.backend() != "jax":
-        raise UsageError(
-            f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
-            "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
-            flag,
-        )
+    check_backend_distributes(kind)
     try:
         distribution, (batch_devices, model_devices) = training_distribution(model, kind)
     except ValueError as error:

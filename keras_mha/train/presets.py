@@ -7,6 +7,7 @@ import dataclasses
 from keras_mha import data as datasets
 
 DISTRIBUTE = ("mirrored",)
+FINETUNE_DISTRIBUTE = ("data", "heads")  # --from, on JAX (keras_mha.distribution)
 
 
 @dataclasses.dataclass(frozen=True)
