@@ -28,7 +28,7 @@ import re
 
 import keras
 
-from keras_mha.train.presets import FINETUNE_DISTRIBUTE as TRAINING  # --distribute KIND
+from keras_mha.train.presets import MESH_DISTRIBUTE as TRAINING  # --distribute KIND
 
 MODEL_AXIS = "model"
 
@@ -73,7 +73,7 @@ def layout_map(model, mesh, model_axis: str = MODEL_AXIS):
     return layouts
 
 
-def training_distribution(model, kind: str, devices=None):
+def training_distribution(model, kind: str, devices=None, local: int | None = None):
     """The distribution `keras-mha-train --distribute KIND` trains `model` (built) under,
     over `devices` (default: every device Keras sees), and its mesh shape
     (batch devices, model devices).
@@ -84,6 +84,11 @@ def training_distribution(model, kind: str, devices=None):
     query heads (MiniLM's 12 heads on 8 devices: 4, a mesh of 2 x 4), laid out
     by `layout_map`. ValueError (one line) for another kind or a model with no
     attention layer to split, or heads no count above 1 divides with the devices.
+
+    `local`: the devices of each process when several train together (Keras
+    lists them process by process). The model axis then divides it too, so a
+    layer's heads stay within one process and only the batch axis crosses
+    between them, as on a cluster of hosts: heads within a host, data across.
     """
     if kind not in TRAINING:
         raise ValueError(f"unknown distribution {kind!r}; expected one of {', '.join(TRAINING)}")
@@ -102,10 +107,14 @@ def training_distribution(model, kind: str, devices=None):
     ]
     if not heads:
         raise ValueError(f"{model.name} has no attention layer whose heads could be split")
-    split = max(d for d in range(1, count + 1) if count % d == 0 and all(h % d == 0 for h in heads))
+    within = local or count
+    split = max(
+        d for d in range(1, within + 1) if within % d == 0 and all(h % d == 0 for h in heads)
+    )
     if split == 1:
+        where = f"{count} devices" if local is None else f"{local} devices of each process"
         raise ValueError(
-            f"no count above 1 divides both the {count} devices and the heads "
+            f"no count above 1 divides both the {where} and the heads "
             f"({', '.join(map(str, sorted(set(heads))))}): the heads cannot be split; "
             "use data parallel"
         )
@@ -114,6 +123,13 @@ def training_distribution(model, kind: str, devices=None):
         layout_map=layout_map(model, mesh), batch_dim_name="batch"
     )
     return distribution, (count // split, split)
+
+
+def rows_left_out(rows: int, batch_size: int, batch_devices: int) -> int:
+    """The rows of an array a distributed fit leaves out: the last batch (`rows`
+    mod `batch_size`) must split over the batch axis too, so it loses its rows
+    past the last multiple of `batch_devices` (fewer than `batch_devices`)."""
+    return rows % batch_size % batch_devices
 
 
 def _kernel(dense):

@@ -18,7 +18,7 @@
 # or KERAS_MHA_STRICT=1, STRICT in the Makefile), where make stops there.
 JAX_VENV := .venv-jax
 TORCH_VENV := .venv-torch
-BACKEND_DEPS := setup.cfg pyproject.toml
+BACKEND_DEPS := setup.cfg pyproject.toml mk/backends.mk
 
 .PHONY: backend-venvs test-backends bench-backends bench-communication
 
@@ -44,7 +44,7 @@ endef
 BACKEND_THEN = $(if $(STRICT),a strict run stops here (KERAS_MHA_STRICT=0 goes on without it),its tests will be reported as SKIPPED)
 
 $(JAX_VENV)/.installed: $(BACKEND_DEPS)
-	$(call backend_venv,$(JAX_VENV),jax jaxlib,$(UV_INSTALL) $(JAX_VENV)/bin/python)
+	$(call backend_venv,$(JAX_VENV),jax jaxlib scikit-learn matplotlib,$(UV_INSTALL) $(JAX_VENV)/bin/python)
 
 # The torch venv also runs the reference implementations the pretrained
 # encoder and the decoder are tested against (tests/oracle/bert_oracle.py,

@@ -2,12 +2,15 @@
 
     keras-mha-train [--dataset digits|pronouns] [--out DIR] [--epochs N]
                     [--num-heads H] [--d-model D] [--num-layers L] [--seed S]
-                    [--distribute mirrored] [--overwrite]
+                    [--distribute mirrored|data|heads] [--overwrite]
     keras-mha-train --start RUN --qat EPOCHS [--attention per_head] [--out DIR]
     keras-mha-train --from all-MiniLM-L6-v2 --data my.csv [--out DIR]
                     [--text-column text] [--label-column label] [--test-fraction 0.2]
-                    [--distribute data|heads]
+                    [--distribute data|heads] [--checkpoint DIR]
+                    [--processes N --process-id I --coordinator HOST:PORT]
 
+On JAX, `--distribute data` or `heads` trains the first form over every
+device of this process under keras.distribution (docs/distribution.md).
 The second form fine-tunes a run trained before with int8's rounding in
 the loop (quantization-aware training), instead of training it again: its
 dataset, seed, model and settings are the run's; `--attention per_head`
@@ -15,7 +18,11 @@ gives each head its own int8 ranges (the weights are the same). The new run
 (default `RUN_qat`) names the one it started from. The third form fine-tunes
 a pretrained encoder on your labelled text (keras_mha/train/finetune.py): a
 text-classification run, like an imported classifier's; on JAX, `--distribute
-data` or `heads` trains it over every device (docs/distribution.md).
+data` or `heads` trains it over every device (docs/distribution.md), and
+with `--processes` over the devices of several processes or hosts
+(keras_mha/train/job.py). `--checkpoint DIR` saves the training state after
+every epoch; the same command run again resumes from it
+(keras_mha/train/checkpoint.py).
 
 The run directory (default `runs/<dataset>`) holds model.keras, metrics.json,
 eval.npz, calibration.npz, labels.json, vocab.json (text datasets) and two
@@ -29,13 +36,14 @@ that fails or is interrupted leaves no half-written directory.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
-from bundle_contract.errors import Parser, nonnegative_int, positive_int, run_main
+from bundle_contract.errors import EXIT_FAILED, Parser, nonnegative_int, positive_int, run_main
 from bundle_contract.files import check_writable
 from keras_mha.quiet_tensorflow import import_tensorflow
-from keras_mha.train.presets import DISTRIBUTE, FINETUNE_DISTRIBUTE, describe_presets
+from keras_mha.train.presets import DISTRIBUTE, MESH_DISTRIBUTE, describe_presets
 
 PROG = "keras-mha-train"
 DATASETS = ("digits", "pronouns")
@@ -86,11 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--distribute",
-        choices=(*DISTRIBUTE, *FINETUNE_DISTRIBUTE),
+        choices=(*DISTRIBUTE, *MESH_DISTRIBUTE),
         default=None,
         help="mirrored: a classifier from scratch under tf.distribute (TensorFlow); data "
-        "or heads: with --from, over every device under keras.distribution (JAX; "
-        "heads splits the attention heads, docs/distribution.md)",
+        "or heads: over every device under keras.distribution (JAX; heads splits the "
+        "attention heads, docs/distribution.md)",
     )
     parser.add_argument(
         "--qat",
@@ -130,6 +138,30 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--max-length", type=positive_int, default=128, help="most word pieces (default: 128)"
     )
+    tune.add_argument(
+        "--checkpoint",
+        type=pathlib.Path,
+        default=None,
+        metavar="DIR",
+        help="save the training state here after every epoch; a state of this same run "
+        "found there is resumed",
+    )
+    job = parser.add_argument_group(
+        "several processes training one model (with --from and --distribute; JAX)"
+    )
+    job.add_argument(
+        "--processes", type=positive_int, default=1, help="processes in the job (default: 1)"
+    )
+    job.add_argument("--process-id", type=nonnegative_int, default=None, help="this one's, from 0")
+    job.add_argument("--coordinator", default=None, metavar="HOST:PORT", help="process 0's address")
+    job.add_argument(
+        "--peer-timeout",
+        type=positive_int,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for the others to join, and to hear nothing from one "
+        "before the job stops (default: 60)",
+    )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing run directory"
     )
@@ -168,36 +200,51 @@ def _finetune(args: argparse.Namespace) -> int:
     if given or args.qat or args.dataset is not None:
         flag = "--" + (given[0].replace("_", "-") if given else "qat" if args.qat else "dataset")
         raise UsageError("is for a classifier trained from scratch, not with --from", flag)
-    if args.distribute not in (None, *FINETUNE_DISTRIBUTE):
+    if args.distribute not in (None, *MESH_DISTRIBUTE):
         raise UsageError(
             "is TensorFlow's, for a classifier trained from scratch; with --from: "
-            + " or ".join(FINETUNE_DISTRIBUTE)
+            + " or ".join(MESH_DISTRIBUTE)
             + " (JAX)",
             f"--distribute {args.distribute}",
         )
+    job = _job(args)
     out = args.out or pathlib.Path(f"runs/{args.data.stem}")
-    check_writable(out, "--out")
+    if job.lead:
+        check_writable(out, "--out")
     data = finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TF
     from keras_mha.pretrained.checkpoint import resolve
 
     resolve(args.source)
+    if job.processes > 1 and not args.worker:
+        from keras_mha.train.job import supervise
+
+        return supervise(PROG, args.argv, job)  # the worker joins the job
+    job.join()  # before JAX makes its devices
     import_tensorflow()
     if args.distribute is not None:
-        finetune.check_backend_distributes(args.distribute)  # before the checkpoint is read
-    metrics = finetune.finetune(
-        args.source,
-        data,
-        out,
-        epochs=args.epochs or finetune.EPOCHS,
-        batch_size=args.batch_size or finetune.BATCH_SIZE,
-        learning_rate=args.learning_rate or finetune.LEARNING_RATE,
-        test_fraction=args.test_fraction,
-        max_length=args.max_length,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        progress=None if args.quiet else sys.stderr,
-        distribute=args.distribute,
-    )
+        from keras_mha.train.fit import check_backend_distributes
+
+        check_backend_distributes(args.distribute)  # before the checkpoint is read
+    with job.running():
+        metrics = finetune.finetune(
+            args.source,
+            data,
+            out,
+            epochs=args.epochs or finetune.EPOCHS,
+            batch_size=args.batch_size or finetune.BATCH_SIZE,
+            learning_rate=args.learning_rate or finetune.LEARNING_RATE,
+            test_fraction=args.test_fraction,
+            max_length=args.max_length,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            progress=None if args.quiet else sys.stderr,
+            distribute=args.distribute,
+            job=job,
+            checkpoint=args.checkpoint,
+        )
+    if not job.lead:
+        print(f"process {job.process_id} of {job.processes}: trained; process 0 wrote {out}")
+        return 0
     print(
         f"{metrics['dataset']}: held-out accuracy {metrics['test_accuracy']:.4f} "
         f"({metrics['test_size']} rows never trained on; {metrics['train_size']} trained, "
@@ -207,6 +254,36 @@ def _finetune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job(args: argparse.Namespace):
+    """The job `--processes`, `--process-id` and `--coordinator` describe."""
+    from bundle_contract.errors import UsageError
+    from keras_mha.train.job import TIMEOUT, Job
+
+    if args.processes == 1:
+        for flag in ("process_id", "coordinator", "peer_timeout"):
+            if getattr(args, flag) is not None:
+                raise UsageError("needs --processes N above 1", "--" + flag.replace("_", "-"))
+        return Job()
+    if args.distribute not in MESH_DISTRIBUTE:
+        raise UsageError(
+            "needs --distribute " + " or ".join(MESH_DISTRIBUTE),
+            f"--processes {args.processes}",
+        )
+    if args.process_id is None or args.coordinator is None:
+        missing = "--process-id" if args.process_id is None else "--coordinator"
+        raise UsageError(f"needs {missing} too", f"--processes {args.processes}")
+    if args.process_id >= args.processes:
+        raise UsageError(
+            f"must be below --processes {args.processes}", f"--process-id {args.process_id}"
+        )
+    host, _, port = args.coordinator.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(
+            "expected HOST:PORT, e.g. 10.0.0.1:29500", f"--coordinator {args.coordinator}"
+        )
+    return Job(args.processes, args.process_id, args.coordinator, args.peer_timeout or TIMEOUT)
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.source is not None or args.data is not None:
         if args.source is None:
@@ -214,14 +291,12 @@ def _run(args: argparse.Namespace) -> int:
 
             raise UsageError("needs --from CHECKPOINT (the encoder to fine-tune)", "--data")
         return _finetune(args)
-    if args.distribute in FINETUNE_DISTRIBUTE:
-        from bundle_contract.errors import UsageError
+    for flag in ("checkpoint", "process_id", "coordinator", "peer_timeout"):
+        if getattr(args, flag) is not None or args.processes != 1:
+            from bundle_contract.errors import UsageError
 
-        raise UsageError(
-            "fine-tunes a pretrained encoder (--from, on JAX); a classifier from scratch "
-            "trains on TensorFlow: --distribute mirrored",
-            f"--distribute {args.distribute}",
-        )
+            name = "processes" if args.processes != 1 else flag
+            raise UsageError("is for fine-tuning (--from)", "--" + name.replace("_", "-"))
     if args.start is not None and args.dataset is None:
         from keras_mha.rundir import read_run  # no TensorFlow: a bad run is answered first
 
@@ -231,6 +306,10 @@ def _run(args: argparse.Namespace) -> int:
     out = args.out or pathlib.Path(default)
     check_writable(out, "--out")
     import_tensorflow()  # first: its start-up logs filtered (keras_mha/quiet_tensorflow.py)
+    if args.distribute in MESH_DISTRIBUTE:
+        from keras_mha.train.fit import check_backend_distributes
+
+        check_backend_distributes(args.distribute)
     from keras_mha.train.pipeline import train
 
     metrics = train(
@@ -268,4 +347,23 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `keras-mha-train`; returns the exit status."""
-    return run_main(PROG, lambda: _run(build_parser().parse_args(argv)))
+    from keras_mha.train.job import JobLost, become_worker
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    worker = become_worker()  # a job's process: its messages go to its supervisor
+
+    def run() -> int:
+        args = build_parser().parse_args(argv)
+        args.argv, args.worker = argv, worker
+        try:
+            return _run(args)
+        except JobLost as lost:
+            print(f"{PROG}: error: {lost}", file=sys.stderr)
+            return EXIT_FAILED
+
+    code = run_main(PROG, run)
+    if worker and code:  # not JAX's shutdown barrier: the job is broken, the others stop too
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -195,41 +195,46 @@ def split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, n
 # ---------------------------------------------------------------- progress
 class Progress:
     """Keras's `fit` progress on stderr: epoch, batch, loss and time left,
-    rewritten in place on a terminal, a line per epoch otherwise."""
+    rewritten in place on a terminal, a line per epoch otherwise. Training
+    calls `fit` once an epoch: the callback keeps its clock across the calls,
+    and `epochs` (default: `fit`'s) is the run's."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, epochs: int | None = None):
         import keras
 
         stream = sys.stderr if stream is None else stream
 
         class Callback(keras.callbacks.Callback):
+            started = None
+
             def on_train_begin(cb, logs=None):
-                cb.started, cb.done = time.perf_counter(), 0
-                cb.epochs, cb.steps = cb.params["epochs"], cb.params["steps"]
+                if cb.started is None:  # the first epoch's fit: the run's clock starts
+                    cb.started, cb.done = time.perf_counter(), 0
+                cb.epochs, cb.steps = epochs or cb.params["epochs"], cb.params["steps"]
 
             def on_epoch_begin(cb, epoch, logs=None):
                 cb.epoch, cb.epoch_started = epoch, time.perf_counter()
+
+            def left(cb, batch: int) -> float:
+                remaining = (cb.epochs - cb.epoch - 1) * cb.steps + cb.steps - batch - 1
+                return (time.perf_counter() - cb.started) / max(cb.done, 1) * remaining
 
             def on_train_batch_end(cb, batch, logs=None):
                 cb.done += 1
                 if not self.tty:
                     return
-                left = (time.perf_counter() - cb.started) / cb.done
-                left *= cb.epochs * cb.steps - cb.done
                 stream.write(
                     f"\repoch {cb.epoch + 1}/{cb.epochs}  batch {batch + 1}/{cb.steps}  "
-                    f"loss {logs['loss']:.4f}  {left:4.0f} s left "
+                    f"loss {logs['loss']:.4f}  {cb.left(batch):4.0f} s left "
                 )
                 stream.flush()
 
             def on_epoch_end(cb, epoch, logs=None):
                 took = time.perf_counter() - cb.epoch_started
-                left = (time.perf_counter() - cb.started) / cb.done
-                left *= cb.epochs * cb.steps - cb.done
                 stream.write(
                     f"{chr(13) if self.tty else ''}epoch {epoch + 1}/{cb.epochs}  loss "
                     f"{logs['loss']:.4f}  accuracy {logs.get('accuracy', float('nan')):.4f}  "
-                    f"{took:.1f} s  ({left:.0f} s left)\n"
+                    f"{took:.1f} s  ({cb.left(cb.steps - 1):.0f} s left)\n"
                 )
                 stream.flush()
 
@@ -261,6 +266,8 @@ def finetune(
     overwrite: bool = False,
     progress=None,
     distribute: str | None = None,
+    job=None,
+    checkpoint: str | pathlib.Path | None = None,
 ) -> dict:
     """Fine-tune `source` on `data` (`read_labelled`'s rows, or a file read
     with the default columns); write the run; its metrics.
@@ -273,6 +280,18 @@ def finetune(
     than the batch devices) are left out of every epoch and named in
     metrics.json (`training_rows_left_out`); otherwise the batches are the single-device
     run's. The run holds the gathered weights, as any other run.
+    `job`: a `keras_mha.train.job.Job` this process takes part in (default: a
+    job of this process alone). Every process trains; process 0 alone reports
+    progress, evaluates and writes the run, and the others return
+    `{"process": id, "train_loss": [...]}`.
+    `checkpoint`: a directory where the training state (weights, optimizer,
+    losses) is saved after every epoch; a state saved there by the same run
+    (same checkpoint, data, seed and settings) is resumed from its epoch
+    (keras_mha.train.checkpoint).
+
+    Every epoch trains the training rows in an order seeded by (seed, epoch)
+    (`epoch_rows`), whatever the backend, the devices or the processes: a
+    resumed or distributed run sees the batches the single-device run sees.
     """
     import keras
 
@@ -280,8 +299,11 @@ def finetune(
     from keras_mha.pretrained.encoder import load
     from keras_mha.rundir.embedding import write_embedding_run
     from keras_mha.rundir.writing import check_out
+    from keras_mha.train.job import Job
 
-    check_out(out, overwrite)
+    job = Job() if job is None else job
+    if job.lead:
+        check_out(out, overwrite)
     if not 0.0 < test_fraction < 1.0:
         raise UsageError(f"must be between 0 and 1, got {test_fraction}", "--test-fraction")
     if not isinstance(data, Labelled):
@@ -302,12 +324,19 @@ def finetune(
     before = keras.distribution.distribution()  # the caller's, set back after
     try:
         if distribute is not None:
-            trained, train, distributed = _distributed(model, distribute, batch_size, train)
+            trained, train, distributed = _distributed(model, distribute, batch_size, train, job)
         # The word-piece, position and segment tables (and their LayerNorm) stay as
         # pretrained: a word no training row has keeps its place beside the words
         # trained on, and AdamW skips 12 M of MiniLM's 23 M weights each step.
         embedding = trained.get_layer("embedding")
         embedding.trainable = False
+        fingerprint = {
+            "source": encoder.checkpoint.source(), "data_sha256": data.sha256,
+            "text_column": data.text_column, "label_column": data.label_column,
+            "test_fraction": test_fraction, "max_length": max_length, "seed": seed,
+            "batch_size": batch_size, "learning_rate": learning_rate,
+            "weight_decay": WEIGHT_DECAY, "training_rows": hashlib.sha256(train.tobytes()).hexdigest(),
+        }  # fmt: skip
         trained.compile(
             optimizer=keras.optimizers.AdamW(
                 learning_rate=learning_rate, weight_decay=WEIGHT_DECAY
@@ -315,24 +344,21 @@ def finetune(
             loss=keras.losses.SparseCategoricalCrossentropy(),
             metrics=["accuracy"],
         )
-        callbacks = [] if progress is None else [Progress(progress).callback]
         started = time.perf_counter()
-        history = trained.fit(
-            ids[train],
-            y[train],
-            batch_size=batch_size,
-            epochs=epochs,
-            shuffle=True,
-            verbose=0,
-            callbacks=callbacks,
-        )
+        losses, resumed = _fit_epochs(
+            trained, ids, y, train, epochs, batch_size, seed, job, progress,
+            None if checkpoint is None else (checkpoint, fingerprint),
+        )  # fmt: skip
         seconds = time.perf_counter() - started
         embedding.trainable = True  # the run's model, as any other: every weight trainable
         if trained is not model:
-            model.set_weights(trained.get_weights())  # gathered from the devices
+            model.set_weights(job.host_values(trained.weights))  # gathered from the devices
     finally:
         if distribute is not None:
             keras.distribution.set_distribution(before)
+    job.leave()  # every process has the weights: process 0 evaluates and writes alone
+    if not job.lead:
+        return {"process": job.process_id, "train_loss": losses}
     probs = encoder_probs(model, ids[test])
     predicted = probs.argmax(1)
     per_class = {
@@ -358,12 +384,17 @@ def finetune(
             "label_column": data.label_column,
             "backend": keras.backend.backend(),
             **({} if distributed is None else {"distribute": distributed}),
+            **(
+                {}
+                if checkpoint is None
+                else {"checkpoint": {"directory": str(checkpoint), "resumed_after_epoch": resumed}}
+            ),  # fmt: skip
         },
         "train_size": int(len(train)),
         "test_size": int(len(test)),
         "test_accuracy": float((predicted == y[test]).mean()),
         "per_class_test_accuracy": per_class,
-        "train_loss": [float(v) for v in history.history["loss"]],
+        "train_loss": losses,
         "train_seconds": round(seconds, 2),
     }
     write_embedding_run(
@@ -381,69 +412,83 @@ def finetune(
     return metrics
 
 
-def rows_left_out(rows: int, batch_size: int, batch_devices: int) -> int:
-    """The training rows a distributed run leaves out: the last batch (`rows` mod
-    `batch_size`) must split over the batch axis too, so it loses its rows past
-    the last multiple of `batch_devices` (fewer than `batch_devices`)."""
-    return rows % batch_size % batch_devices
+def epoch_rows(train: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """The training rows in `epoch`'s order: a permutation seeded by (seed,
+    epoch), so every backend, device count and process, and a run resumed at
+    `epoch`, trains the same batches."""
+    return np.random.default_rng([seed, epoch]).permutation(train)
 
 
-def check_backend_distributes(kind: str) -> None:
-    """UsageError (one line) unless Keras runs on JAX, where keras.distribution shards."""
-    import keras
+def process_rows(rows: np.ndarray, batch_size: int, processes: int, process_id: int) -> np.ndarray:
+    """The rows process `process_id` of `processes` feeds: its part of every
+    batch of `batch_size` rows (part p of `processes` equal parts). Keras's
+    distribution puts process p's rows at those places of the batch: the mesh
+    lists the devices process by process, and the batch axis runs over them.
+    Each batch, the last too, must divide by `processes` (the batch axis's
+    devices divide it, and they are a multiple of the processes)."""
+    if processes == 1:
+        return rows
+    parts = []
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        size = len(batch) // processes
+        parts.append(batch[process_id * size : (process_id + 1) * size])
+    return np.concatenate(parts)
 
-    if keras.backend.backend() != "jax":
-        raise UsageError(
-            f"Keras's distribution API shards on JAX, not {keras.backend.backend()}: "
-            "run with KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
-            f"--distribute {kind}",
+
+def _fit_epochs(model, ids, y, train, epochs, batch_size, seed, job, progress, checkpoint):
+    """Train `model` (compiled) `epochs` epochs, one `fit` call an epoch on
+    `epoch_rows`: (the epochs' mean training losses, the epochs a checkpoint
+    resumed had done). `checkpoint`: (directory, fingerprint), the state saved
+    after each epoch and resumed from."""
+    from keras_mha.train.checkpoint import TrainingState
+
+    state = None if checkpoint is None else TrainingState(*checkpoint)
+    first, losses = (0, []) if state is None else state.restore(model, epochs, job)
+    if first and progress is not None and job.lead:
+        progress.write(f"resumed after epoch {first} of {epochs} from {state.directory}\n")
+    shown = progress is not None and job.lead  # progress and metrics from one process
+    callbacks = [Progress(progress, epochs).callback] if shown else []
+    for epoch in range(first, epochs):
+        rows = process_rows(
+            epoch_rows(train, seed, epoch), batch_size, job.processes, job.process_id
         )
+        history = model.fit(
+            ids[rows],
+            y[rows],
+            batch_size=batch_size // job.processes,
+            epochs=epoch + 1,
+            initial_epoch=epoch,
+            shuffle=False,  # epoch_rows is the order
+            verbose=0,
+            callbacks=callbacks,
+        )
+        losses.append(float(history.history["loss"][-1]))
+        if state is not None:
+            state.save(model, epoch + 1, losses, job)
+    return losses, first
 
 
-def _distributed(model, kind: str, batch_size: int, train: np.ndarray):
+def _distributed(model, kind: str, batch_size: int, train: np.ndarray, job):
     """(the model to train, on the devices; the training rows; what metrics.json
-    says of it): `model`'s weights copied into a clone made under `kind`'s
-    distribution, which stays set until the caller resets it."""
-    import keras
+    says of it): `keras_mha.train.fit.on_mesh`'s clone of `model`, over the
+    devices of every process of `job`."""
+    from keras_mha.train.fit import on_mesh
 
-    from keras_mha.distribution import training_distribution
+    clone, (kept,), mesh = on_mesh(model, kind, batch_size, len(train), local=job.local_devices())
+    if job.processes > 1:
+        import keras
 
-    flag = f"--distribute {kind}"
-    check_backend_distributes(kind)
-    try:
-        distribution, (batch_devices, model_devices) = training_distribution(model, kind)
-    except ValueError as error:
-        raise UsageError(str(error), flag) from None
-    if batch_size % batch_devices:
-        raise UsageError(
-            f"{batch_size} rows a batch do not split over the {batch_devices} devices of "
-            f"the batch axis; use a multiple of {batch_devices}",
-            "--batch-size",
-        )
-    left_out = rows_left_out(len(train), batch_size, batch_devices)
-    if left_out == len(train):
-        raise UsageError(
-            f"{len(train)} training rows do not split over the {batch_devices} devices of "
-            "the batch axis",
-            flag,
-        )
-    train = train[: len(train) - left_out]
-    keras.distribution.set_distribution(distribution)
-    clone = keras.models.clone_model(model)
-    clone.set_weights(model.get_weights())
-    devices = batch_devices * model_devices
-    split = sum(  # what the layout actually split: weights on the model axis
-        1 for v in clone.weights if "model" in tuple(getattr(v.value.sharding, "spec", ()))
-    )
+        keras.distribution.distribution().auto_shard_dataset = False  # process_rows feeds
+    (left_out,) = mesh.pop("rows_left_out")
     return (
         clone,
-        train,
+        train[:kept],
         {
             "kind": kind,
-            "devices": devices,
-            "mesh": {"batch": batch_devices, "model": model_devices},
+            **mesh,
+            **({} if job.processes == 1 else {"processes": job.processes}),
             "training_rows_left_out": int(left_out),
-            "weights_split": int(split),  # over the model axis (0: data parallel)
         },
     )
 

@@ -7,7 +7,7 @@ import dataclasses
 from keras_mha import data as datasets
 
 DISTRIBUTE = ("mirrored",)
-FINETUNE_DISTRIBUTE = ("data", "heads")  # --from, on JAX (keras_mha.distribution)
+MESH_DISTRIBUTE = ("data", "heads")  # keras.distribution, on JAX (keras_mha.distribution)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,15 +41,24 @@ def eval_set(data: datasets.Dataset, probs: np.ndarray) -> EvalSet:
 
 
 def versions() -> dict[str, str]:
+    """The versions the run was trained with: Keras's backend and its package too."""
+    import importlib.metadata
+
     import keras
-    import tensorflow as tf
 
     from keras_mha import __version__
 
+    backend = keras.backend.backend()
+    package = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}.get(backend, backend)
+    try:
+        backend_version = importlib.import_module(package).__version__
+    except (ImportError, AttributeError):
+        backend_version = importlib.metadata.version(package)
     return {
         "keras_mha": __version__,
-        "tensorflow": tf.__version__,
+        package: backend_version,
         "keras": keras.__version__,
+        "backend": backend,
         "numpy": np.__version__,
         "python": platform.python_version(),
     }
@@ -88,7 +97,7 @@ def run_metrics(
             "validation": len(data.y_val),
             "test": len(data.y_test),
         },
-        "distribute": {"strategy": distribute, "replicas": fitted.replicas},
+        "distribute": {"strategy": distribute, "replicas": fitted.replicas, **fitted.mesh},
         "deterministic": deterministic,
         "history": fitted.history,
         "versions": versions(),

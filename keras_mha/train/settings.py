@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 
 from bundle_contract.errors import UsageError, one_line
 from keras_mha import data as datasets
-from keras_mha.train.presets import DISTRIBUTE, PRESETS, TrainSettings, dataset_shape
+from keras_mha.train.presets import (
+    DISTRIBUTE,
+    MESH_DISTRIBUTE,
+    PRESETS,
+    TrainSettings,
+    dataset_shape,
+)
 
 if TYPE_CHECKING:
     from keras_mha.model import ModelConfig
@@ -45,10 +51,9 @@ def resolve_settings(
         raise UsageError(
             f"Unknown dataset {dataset!r}; expected one of {', '.join(datasets.DATASETS)}."
         )
-    if distribute not in (None, *DISTRIBUTE):
-        raise UsageError(
-            f"Unknown distribution strategy {distribute!r}; expected one of {', '.join(DISTRIBUTE)}."
-        )
+    if distribute not in (None, *DISTRIBUTE, *MESH_DISTRIBUTE):
+        kinds = ", ".join((*DISTRIBUTE, *MESH_DISTRIBUTE))
+        raise UsageError(f"Unknown distribution strategy {distribute!r}; expected one of {kinds}.")
     for name, value in (("epochs", epochs), ("batch_size", batch_size), ("patience", patience)):
         _check_positive(name, value)
     if learning_rate is not None and not learning_rate > 0:  # NaN too
