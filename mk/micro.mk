@@ -9,9 +9,8 @@ MICRO_PY := $(MICRO_VENV)/bin/python
 .PHONY: micro-venv
 micro-venv: $(MICRO_VENV)/.installed
 ifneq ($(MICRO_WHEEL),)
-$(MICRO_VENV)/.installed: edge_demo/requirements-tflite-micro.txt
+$(MICRO_VENV)/.installed: edge_demo/requirements-tflite-micro.txt | $(UV)
 	test -x $(MICRO_PY) || $(PYTHON) -m venv $(MICRO_VENV)
-	$(UV_READY)
 	$(UV_INSTALL) $(MICRO_PY) $(EDGE_BYTECODE) -r edge_demo/requirements-tflite-micro.txt
 	rm -f $(MICRO_VENV)/.skipped
 	touch $@

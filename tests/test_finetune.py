@@ -120,11 +120,15 @@ JOB = ["--distribute", "heads", "--processes", "2", "--process-id", "0"]
         ([*JOB, "--coordinator", "h:70000"], "--coordinator h:70000: expected HOST:PORT"),
         (["--process-id", "1"], "--process-id: needs --processes N above 1"),
         (["--peer-timeout", "5"], "--peer-timeout: needs --processes N above 1"),
+        ([*JOB, "--coordinator", "h:1"], "--processes 2: joins JAX processes (jax.distributed), "
+         "and Keras runs on tensorflow: run with KERAS_BACKEND=jax"),
     ],
 )  # fmt: skip
 def test_a_job_of_several_processes_is_checked_in_one_line(extra, expected, tmp_path, capsys):
     """keras-mha-train --processes (keras_mha/train/job.py): what the job's flags
-    lack or get wrong is one line and exit 2, before TensorFlow or JAX."""
+    lack or get wrong is one line and exit 2, before TensorFlow or JAX, and
+    before a worker is started: on TensorFlow too (this venv's backend), where
+    a whole job is refused last."""
     good = write(tmp_path / "good.csv", GOOD_CSV)
     argv = ["--from", "all-MiniLM-L6-v2", "--data", str(good), *extra]
     assert main([*argv, "--out", str(tmp_path / "run")]) == 2

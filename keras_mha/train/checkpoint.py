@@ -80,7 +80,7 @@ class TrainingState:
         """(epochs done, their losses) of the saved state, loaded into `model`
         (compiled; its optimizer is built here); (0, []) when DIR holds none."""
         meta_path = self.directory / META
-        if not meta_path.exists():
+        if not meta_path.exists():  # nothing saved yet
             if self.directory.exists() and not self.directory.is_dir():
                 raise UsageError("is not a directory", FLAG + " " + str(self.directory))
             return 0, []
@@ -94,8 +94,17 @@ class TrainingState:
             raise UsageError(f"{META} is not a training state ({error})", where) from None
         if meta.get("version") != VERSION:
             raise UsageError(f"{META} is version {meta.get('version')}; expected {VERSION}", where)
+        if not isinstance(fingerprint, dict) or not isinstance(saved, list):
+            raise UsageError(f"{META} is not a training state (fingerprint, variables)", where)
         differs = [k for k in sorted({*fingerprint, *self.fingerprint})
                    if fingerprint.get(k) != self.fingerprint.get(k)]  # fmt: skip
+        if differs == ["training_rows"]:  # the same run but for the rows a mesh leaves out
+            raise UsageError(
+                "holds the state of this run trained on other rows (another batch axis "
+                "leaves out another count of the last rows: metrics.json's "
+                "training_rows_left_out); resume with the mesh it was saved on",
+                where,
+            )
         if differs:
             raise UsageError(
                 f"holds the state of another run (its {differs[0]} differs: "

@@ -209,8 +209,13 @@ def _finetune(args: argparse.Namespace) -> int:
         )
     job = _job(args)
     out = args.out or pathlib.Path(f"runs/{args.data.stem}")
-    if job.lead:
+    if job.lead:  # the run and the state are process 0's to write: refused before the job
+        from keras_mha.rundir.writing import check_out
+
         check_writable(out, "--out")
+        check_out(out, args.overwrite)
+        if args.checkpoint is not None:
+            check_writable(args.checkpoint / "state.json", "--checkpoint")
     data = finetune.read_labelled(args.data, args.text_column, args.label_column)  # before TF
     from keras_mha.pretrained.checkpoint import resolve
 
@@ -243,7 +248,7 @@ def _finetune(args: argparse.Namespace) -> int:
             checkpoint=args.checkpoint,
         )
     if not job.lead:
-        print(f"process {job.process_id} of {job.processes}: trained; process 0 wrote {out}")
+        print(f"{job.where}: trained; process 0 writes {out}")
         return 0
     print(
         f"{metrics['dataset']}: held-out accuracy {metrics['test_accuracy']:.4f} "
@@ -281,7 +286,30 @@ def _job(args: argparse.Namespace):
         raise UsageError(
             "expected HOST:PORT, e.g. 10.0.0.1:29500", f"--coordinator {args.coordinator}"
         )
+    backend = configured_backend()
+    if backend != "jax":  # before a process is started or a device made
+        raise UsageError(
+            f"joins JAX processes (jax.distributed), and Keras runs on {backend}: run with "
+            "KERAS_BACKEND=jax (the JAX venv, make backend-venvs)",
+            f"--processes {args.processes}",
+        )
     return Job(args.processes, args.process_id, args.coordinator, args.peer_timeout or TIMEOUT)
+
+
+def configured_backend() -> str:
+    """The backend Keras will load, read as Keras reads it (KERAS_BACKEND, then
+    $KERAS_HOME/keras.json, else TensorFlow) without importing Keras."""
+    import json
+
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json"), encoding="utf-8") as config:
+            backend = json.load(config).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return backend if isinstance(backend, str) and backend else "tensorflow"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -347,7 +375,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `keras-mha-train`; returns the exit status."""
-    from keras_mha.train.job import JobLost, become_worker
+    from keras_mha.train.job import JobLost, become_worker, worker_exit
 
     argv = sys.argv[1:] if argv is None else list(argv)
     worker = become_worker()  # a job's process: its messages go to its supervisor
@@ -362,8 +390,8 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_FAILED
 
     code = run_main(PROG, run)
-    if worker and code:  # not JAX's shutdown barrier: the job is broken, the others stop too
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    if worker:
+        worker_exit(code)
+        if code:  # not JAX's shutdown barrier: the job is broken, the others stop too
+            os._exit(code)
     return code

@@ -113,24 +113,24 @@ def _fit(data, config, settings, distribute, verbose, deterministic) -> Fitted:
         x_val, y_val = data.x_val, data.y_val
         if settings.shift_augment:
             x_train, y_train = shift_augment(x_train, y_train)
-        with chosen.scope() if chosen is not None else contextlib.nullcontext():
-            model = trained = build_classifier(config)
-            if distribute in MESH_DISTRIBUTE:  # keras.distribution (JAX)
-                trained, kept, mesh = on_mesh(
-                    model, distribute, settings.batch_size, len(x_train), len(x_val)
-                )
-                x_train, y_train = x_train[: kept[0]], y_train[: kept[0]]
-                x_val, y_val = x_val[: kept[1]], y_val[: kept[1]]
-            trained.compile(
-                optimizer=keras.optimizers.Adam(learning_rate(settings, len(x_train))),
-                loss="sparse_categorical_crossentropy",
-                metrics=["accuracy"],
-            )
-        stopper = keras.callbacks.EarlyStopping(
-            monitor="val_loss", patience=settings.patience, restore_best_weights=True
-        )
-        start = time.perf_counter()
         try:
+            with chosen.scope() if chosen is not None else contextlib.nullcontext():
+                model = trained = build_classifier(config)
+                if distribute in MESH_DISTRIBUTE:  # keras.distribution (JAX), set until finally
+                    trained, kept, mesh = on_mesh(
+                        model, distribute, settings.batch_size, len(x_train), len(x_val)
+                    )
+                    x_train, y_train = x_train[: kept[0]], y_train[: kept[0]]
+                    x_val, y_val = x_val[: kept[1]], y_val[: kept[1]]
+                trained.compile(
+                    optimizer=keras.optimizers.Adam(learning_rate(settings, len(x_train))),
+                    loss="sparse_categorical_crossentropy",
+                    metrics=["accuracy"],
+                )
+            stopper = keras.callbacks.EarlyStopping(
+                monitor="val_loss", patience=settings.patience, restore_best_weights=True
+            )
+            start = time.perf_counter()
             history = trained.fit(
                 x_train,
                 y_train,
@@ -141,10 +141,10 @@ def _fit(data, config, settings, distribute, verbose, deterministic) -> Fitted:
                 callbacks=[stopper],
                 verbose=verbose,
             )
-            if trained is not model:
+            if mesh:
                 model.set_weights(trained.get_weights())  # gathered from the devices
         finally:
-            if trained is not model:
+            if mesh:
                 keras.distribution.set_distribution(before)
         seconds = time.perf_counter() - start
         test_probs = model.predict(data.x_test, batch_size=256, verbose=0).astype("float32")
@@ -155,10 +155,11 @@ def _fit(data, config, settings, distribute, verbose, deterministic) -> Fitted:
         best_epoch=int(stopper.best_epoch) + 1,
         train_seconds=seconds,
         train_augmented=len(y_train),
-        replicas=mesh.get("devices", chosen.num_replicas_in_sync if chosen is not None else 1),
+        # data replicas: the batch axis's devices under a mesh (heads 2 x 4: 2)
+        replicas=mesh["mesh"]["batch"] if mesh else chosen.num_replicas_in_sync if chosen else 1,
         test_probs=test_probs,
         val_probs=val_probs,
-        mesh={k: v for k, v in mesh.items() if k != "devices"},
+        mesh=mesh,
     )
 
 

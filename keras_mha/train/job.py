@@ -13,12 +13,15 @@ reports progress and writes the run.
 
 A process that dies takes the job down: JAX's coordinator notices the
 missing heartbeats after `timeout` seconds and ends every other process
-(XLA aborts it, with a C++ stack trace). So the command runs the training in
-a child process (`supervise`): the child's own messages (progress, its
-one-line errors) reach the user as they come; what XLA and Gloo print goes to
-a log file; and a child that ends without its own word is reported in one
-line, naming what happened and the log. Nothing is half-written: only
-process 0 writes, after the job has ended (`Job.leave`).
+from C++ (a fatal log line and a stack trace, then the process is gone), and
+a collective whose peer is gone fails in Gloo. So the command runs the
+training in a child process (`supervise`): the child's own messages
+(progress, its one-line errors) reach the user as they come; what XLA and
+Gloo print goes to a log file; the child marks the end of its own answer in
+that log (`WORKER_EXIT`), and a child that ends without it is reported in one
+line, naming what happened and the log. No run is half-written: only process
+0 writes it, after the job has ended (`Job.leave`); a `--checkpoint`'s state
+is written during the job, each file whole (keras_mha/train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -32,15 +35,10 @@ import tempfile
 import threading
 import time
 
-from bundle_contract.errors import (
-    EXIT_FAILED,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-)  # fmt: skip
+from bundle_contract.errors import EXIT_FAILED, one_line
 
-WORKER_ENV = "KERAS_MHA_TRAIN_WORKER"  # the child's message pipe (a file descriptor)
+WORKER_ENV = "KERAS_MHA_TRAIN_WORKER"  # the path of the child's log
+WORKER_EXIT = "keras-mha-train worker exit status "  # + the status: the child's last word
 TIMEOUT = 60  # seconds: to join, and without a heartbeat from another process
 
 
@@ -63,6 +61,10 @@ class Job:
     joined: bool = False
 
     @property
+    def where(self) -> str:
+        return f"process {self.process_id} of {self.processes}"
+
+    @property
     def lead(self) -> bool:
         """Process 0: it reports progress and writes the run."""
         return self.process_id == 0
@@ -74,14 +76,21 @@ class Job:
             return
         import jax
 
-        jax.distributed.initialize(
-            self.coordinator,
-            self.processes,
-            self.process_id,
-            initialization_timeout=self.timeout,
-            heartbeat_timeout_seconds=self.timeout,
-            shutdown_timeout_seconds=self.timeout,
-        )
+        try:
+            jax.distributed.initialize(
+                self.coordinator,
+                self.processes,
+                self.process_id,
+                initialization_timeout=self.timeout,
+                heartbeat_timeout_seconds=self.timeout,
+                shutdown_timeout_seconds=self.timeout,
+            )
+        except Exception as error:  # the coordinator's port taken, a peer never came, ...
+            raise JobLost(
+                f"{self.where}: the job's {self.processes} processes did not all join at "
+                f"{self.coordinator} within {self.timeout} s ({one_line(error)[:200]}); "
+                "no run written"
+            ) from None
         self.joined = True
 
     def leave(self) -> None:
@@ -105,9 +114,8 @@ class Job:
             if self.processes > 1 and any(sign in text for sign in LOST):
                 reason = next(sign for sign in LOST if sign in text)
                 raise JobLost(
-                    f"process {self.process_id} of {self.processes}: another process of the "
-                    f"job stopped ({reason.lower()} in a collective); this one stopped too, "
-                    "nothing written"
+                    f"{self.where}: another process of the job stopped ({reason.lower()} in a "
+                    "collective); this one stopped too, no run written"
                 ) from None
             raise
 
@@ -141,14 +149,10 @@ class Job:
 
 
 # ------------------------------------------------------------ the supervisor
-# run_main's exit statuses: the worker said why itself
-SAID = (EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED)
-
-
 def supervise(prog: str, argv: list[str], job: Job) -> int:
     """Run `python -m keras_mha.train ARGV` as this process's worker and
     return its exit status; a worker that ends without its own word (XLA
-    aborted it) is reported in one line, with the log of what XLA printed."""
+    ended it) is reported in one line, with the log of what XLA printed."""
     fd, log_path = tempfile.mkstemp(prefix=f"{prog}-process{job.process_id}-", suffix=".log")
     os.close(fd)
     child = subprocess.Popen(
@@ -165,36 +169,35 @@ def supervise(prog: str, argv: list[str], job: Job) -> int:
             child.kill()
             child.wait()
             raise KeyboardInterrupt from None
-    if code in SAID:
-        if code == 0:
-            os.unlink(log_path)
+    with open(log_path, errors="replace") as log:
+        text = log.read()
+    if f"\n{WORKER_EXIT}{code}\n" in text:  # the worker said why itself, and ended so
+        os.unlink(log_path)
         return code
-    print(f"{prog}: error: {_why(job, code, log_path)} (log: {log_path})", file=sys.stderr)
+    print(f"{prog}: error: {_why(job, code, text)} (log: {log_path})", file=sys.stderr)
     return EXIT_FAILED
 
 
-def _why(job: Job, code: int, log_path: str) -> str:
-    """One line for a worker that ended without saying why, from its log."""
-    with open(log_path, errors="replace") as log:
-        text = log.read()
-    where = f"process {job.process_id} of {job.processes}"
+def _why(job: Job, code: int, text: str) -> str:
+    """One line for a worker that ended without saying why, from its log's `text`."""
+    where = job.where
     if "RegisterTask" in text:  # joining, not yet training
         return (
             f"{where}: the job's {job.processes} processes did not all join at "
-            f"{job.coordinator} within {job.timeout} s; nothing written"
+            f"{job.coordinator} within {job.timeout} s; no run written"
         )
     if "stopped sending heartbeats" in text:
         return (
             f"{where}: another process of the job stopped (no heartbeat for "
-            f"{job.timeout} s); this one stopped too, nothing written"
+            f"{job.timeout} s); this one stopped too, no run written"
         )
     if "another task died" in text:
         return (
             f"{where}: the job's coordinator ({job.coordinator}, process 0) stopped or "
-            "lost this process; this one stopped too, nothing written"
+            "lost this process; this one stopped too, no run written"
         )
     how = f"signal {-code}" if code < 0 else f"exit status {code}"
-    return f"{where}: training stopped with {how}; nothing written"
+    return f"{where}: training stopped with {how}; no run written"
 
 
 def become_worker() -> bool:
@@ -223,3 +226,10 @@ def become_worker() -> bool:
 
     threading.Thread(target=watch, daemon=True).start()
     return True
+
+
+def worker_exit(code: int) -> None:
+    """The worker's last word in its log: it said why it ends (`supervise` reads it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.write(2, f"\n{WORKER_EXIT}{code}\n".encode())

@@ -40,9 +40,11 @@ def train(
         epochs, batch_size, learning_rate, patience, shift_augment: Override
             the dataset's `TrainSettings` in `PRESETS` (`None` keeps them).
         seed: Seeds the split, the initial weights, dropout and shuffling.
-        distribute: `None` (one device) or `"mirrored"`
+        distribute: `None` (one device), `"mirrored"`
             (`tf.distribute.MirroredStrategy` over every GPU, or every
-            logical CPU device when there is no GPU).
+            logical CPU device when there is no GPU; TensorFlow), or `"data"`
+            or `"heads"` (keras.distribution over every device, JAX:
+            `keras_mha.train.fit.on_mesh`).
         overwrite: Replace an existing run directory.
         verbose: Keras `fit` verbosity (0 quiet, 1 a progress bar, 2 a line per epoch).
         deterministic: Enable TensorFlow's op determinism for the run, so
