@@ -185,7 +185,7 @@ def test_fine_tuning_over_8_devices_trains_the_single_device_model(distributed):
     gathered weights on one device) and losses match the single-device run's:
     float32 sums in another order (8 or 2 devices' partial sums of each
     gradient, 4 devices' of W^O's and the feed-forward's contractions), carried
-    through 24 AdamW steps. Measured on an Intel Xeon: losses 1.1e-7 (data) and
+    through 24 AdamW steps. Measured on an Intel Xeon after 16: losses 1.1e-7 (data) and
     0 (heads) apart relatively, probabilities 1.8e-7 and 2.1e-7; bounds
     1e-5, which a wrong batch or a lost shard (a different model) exceeds by
     orders. The heads run's weights were split (each read back in the child).
