@@ -57,6 +57,29 @@ def test_points_change_nothing_until_a_hook_is_attached(model, data):
     assert len(blocks) == 2  # both blocks, each under its own path
 
 
+def test_batched_recording_gives_what_one_row_a_call_gives(model, data):
+    """record() runs 64 rows a call and hands the recorder each row's values in
+    the order the points ran: over 70 rows (two calls) every point's min, max
+    and kept values are those of a recorder hooked to one row a call (each
+    row's values here are fewer than a call's sample, so all are kept)."""
+    x = np.concatenate([data[0], data[0][:6]])  # 70 rows
+    batched = qat.record(model, x)
+    alone = qat_points.Recorder(0)
+    qat_points._set_hook(model, alone)
+    try:
+        for row in x:
+            model(row[None], training=False)
+    finally:
+        qat.detach(model)
+    assert list(batched.samples) == list(alone.samples)  # the same points, in the same order
+    for key in alone.low:
+        np.testing.assert_allclose(batched.low[key], alone.low[key], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(batched.high[key], alone.high[key], rtol=1e-5, atol=1e-6)
+        (got, got_w), (want, want_w) = batched.values(key), alone.values(key)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(got_w, want_w)
+
+
 def test_ranges_by_rule(model, data):
     x, _ = data
     recorder = qat.record(model, x[:16])

@@ -141,8 +141,8 @@ def measure(model, ids: np.ndarray) -> tuple[list[NormRange], list[np.ndarray]]:
         pad_id = pad_id_of(model)
         lengths = own_lengths(ids, pad_id)  # as the device and calibration cut them
         kept = (ids != pad_id).any(axis=1)  # an all-padding row has no sentence
-        for n in sorted(set(int(n) for n in lengths[kept])):
-            model(ids[kept & (lengths == n), :n])
+        for n in np.unique(lengths[kept]):
+            model(ids[kept & (lengths == n), : int(n)])
     finally:
         for layer in (*norms, *hidden_layers):
             del layer.call

@@ -175,13 +175,14 @@ def record(model, inputs, *, lengths=None, seed: int = 0) -> Recorder:
                 batch = np.asarray(inputs[start : start + RECORD_BATCH])
                 calls.seen.clear()
                 model(batch, training=False)
+                for key, values in calls.seen:
+                    if values.shape[:1] != batch.shape[:1]:
+                        raise ValueError(
+                            f"Expected the point {key!r} to hold one row per input; "
+                            f"got shape {values.shape} for {len(batch)} inputs."
+                        )
                 for row in range(len(batch)):
                     for key, values in calls.seen:
-                        if values.shape[:1] != batch.shape[:1]:
-                            raise ValueError(
-                                f"Expected the point {key!r} to hold one row per input; "
-                                f"got shape {values.shape} for {len(batch)} inputs."
-                            )
                         recorder(key, values[row : row + 1])
         else:
             _set_hook(model, recorder)
